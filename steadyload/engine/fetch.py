@@ -1,0 +1,104 @@
+"""Load one batch from the dataset, with torch's fetch semantics, remembering which sample.
+
+This mirrors `torch.utils.data._utils.fetch` (map-style: ``__getitems__`` when the dataset
+has it, else one ``dataset[i]`` per index; iterable: ``batch_size`` items from the replica's
+iterator, StopIteration at its end) and adds one thing torch lacks: `where` says which
+sample was being loaded, so an exception can name it. Used both in workers and in-process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..diagnosis import format_indices
+
+MAP = 0
+ITERABLE = 1  # the same values as torch.utils.data.dataloader._DatasetKind
+
+
+class Fetcher:
+    """Fetch batches from one dataset replica; not thread-safe (one per process)."""
+
+    def __init__(
+        self,
+        kind: int,
+        dataset: Any,
+        auto_collation: bool,
+        collate_fn: Callable[[Any], Any],
+        drop_last: bool,
+    ) -> None:
+        self._kind = kind
+        self._dataset = dataset
+        self._auto_collation = auto_collation
+        self._collate_fn = collate_fn
+        self._drop_last = drop_last
+        self._ended = False
+        self._items_read = 0
+        # What is being loaded now, formatted only when an error needs it (hot path).
+        self._stage = "iter"
+        self._current: Any = None
+        self._iterator: Iterator[Any] | None = iter(dataset) if kind == ITERABLE else None
+
+    @property
+    def where(self) -> str:
+        """Which sample the last `fetch` was working on, for error messages."""
+        stage, current = self._stage, self._current
+        if stage == "iter":
+            return "while creating the dataset's iterator (iter(dataset))"
+        if stage == "sample":
+            return f"while loading sample {current!r}"
+        if stage == "getitems":
+            return f"while loading samples {format_indices(current)} (__getitems__)"
+        if stage == "collate":
+            return f"while collating samples {format_indices(current)} (collate_fn)"
+        if stage == "convert":
+            return f"while converting sample {current!r} (collate_fn)"
+        if stage == "stream":
+            return f"while reading item {current} of the dataset's stream"
+        return "while collating a batch of the dataset's stream (collate_fn)"
+
+    def fetch(self, index: Any) -> Any:
+        """Return the collated batch for ``index``; StopIteration when a stream has ended."""
+        if self._iterator is not None:
+            return self._fetch_iterable(self._iterator, index)
+        dataset = self._dataset
+        if self._auto_collation:
+            getitems = getattr(dataset, "__getitems__", None)
+            if getitems:
+                self._stage, self._current = "getitems", index
+                data = getitems(index)
+            else:
+                data = []
+                self._stage = "sample"
+                for i in index:
+                    self._current = i
+                    data.append(dataset[i])
+            self._stage, self._current = "collate", index
+        else:
+            self._stage, self._current = "sample", index
+            data = dataset[index]
+            self._stage = "convert"
+        return self._collate_fn(data)
+
+    def _fetch_iterable(self, iterator: Iterator[Any], index: Any) -> Any:
+        if self._ended:
+            raise StopIteration
+        self._stage, self._current = "stream", self._items_read
+        if self._auto_collation:
+            data = []
+            for _ in index:
+                try:
+                    data.append(next(iterator))
+                except StopIteration:
+                    self._ended = True
+                    break
+                self._items_read += 1
+                self._current = self._items_read
+            if not data or (self._drop_last and len(data) < len(index)):
+                raise StopIteration
+        else:
+            data = next(iterator)
+            self._items_read += 1
+        self._stage = "collate-stream"
+        return self._collate_fn(data)

@@ -1,0 +1,87 @@
+"""Messages between the supervisor (parent) and a worker (child).
+
+Each worker has one duplex pipe (a Unix socketpair) of its own. Parent -> worker: `Task`,
+`Reset`, `Stop`. Worker -> parent: `Done`, `Exhausted`, `Failed`, `StartFailed`. Shared
+memory segments that a `Done` announces travel right after it on the same socket as
+SCM_RIGHTS file descriptors (see `transport.py`). State diagram: docs/design/protocol.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """Load one batch. ``indices`` is what the sampler yielded (a list for a batch)."""
+
+    task_id: int
+    indices: object
+    freed: tuple[int, ...] = ()
+    """Ids of this worker's shared-memory segments that the parent no longer uses."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """A new epoch with persistent workers: recreate the fetcher (a new ``iter(dataset)``)."""
+
+    freed: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Exit the worker loop."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewSegment:
+    """A shared-memory segment whose file descriptor follows the message."""
+
+    segment_id: int
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A batch: ``payload`` is pickled with tensors replaced by segment descriptors."""
+
+    task_id: int
+    payload: bytes
+    segments: tuple[int, ...]
+    """Segments the payload's tensors live in."""
+    new_segments: tuple[NewSegment, ...] = ()
+    retired: tuple[int, ...] = ()
+    """Segments the worker closed: the parent may drop its mapping once unused."""
+
+
+@dataclass(frozen=True, slots=True)
+class Exhausted:
+    """The worker's IterableDataset replica is exhausted; the task produced nothing."""
+
+    task_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The dataset, collate_fn or worker_init_fn raised while the worker ran the task.
+
+    ``exception`` is the pickled exception, or None when it does not survive pickling;
+    then ``type_name`` and ``text`` stand in for it.
+    """
+
+    task_id: int
+    exception: bytes | None
+    type_name: str
+    text: str
+    traceback: str
+    where: str
+    """Which sample: "while loading sample 17", "while collating samples [..]"."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartFailed:
+    """The worker could not set itself up (its arguments did not unpickle)."""
+
+    type_name: str
+    text: str
+    traceback: str

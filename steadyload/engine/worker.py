@@ -1,0 +1,284 @@
+"""The child side: one worker process's loop. Module-level functions only (picklable by name).
+
+A worker reads messages on a small reader thread, so that the parent's sends never block on
+a busy worker (and a busy worker still notices the parent's death), and runs tasks on its
+main thread: fetch the batch, pack it into shared memory, send it. It exits on `Stop`, on
+EOF from the parent, or, from the reader thread, as soon as the parent process is gone.
+Seeding and `get_worker_info()` follow torch's `_worker_loop` exactly, so datasets that draw
+random numbers or shard themselves behave as they do under torch's DataLoader.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import multiprocessing
+import os
+import pickle
+import queue
+import random
+import signal
+import socket
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+from torch.utils.data._utils import worker as _torch_worker
+
+from .fetch import ITERABLE, Fetcher
+from .protocol import Done, Exhausted, Failed, NewSegment, Reset, StartFailed, Stop, Task
+from .transport import HAVE_MEMFD, Arena, install_collate_hook, send_segments
+
+_LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Everything a worker needs, sent once when it starts."""
+
+    dataset_kind: int
+    dataset: Any
+    auto_collation: bool
+    collate_fn: Any
+    drop_last: bool
+    base_seed: int
+    worker_init_fn: Any
+    num_workers: int
+
+
+class Deferred:
+    """Carries an object to a child, unpickled inside the child's own error handling.
+
+    multiprocessing unpickles a Process's arguments before the target runs, so a dataset
+    that fails to unpickle in the child would only print a traceback there. Pickling the
+    object to bytes while the Process is being pickled (the spawning context is set then,
+    so shared tensors and file descriptors travel correctly) lets the worker catch the
+    failure and report it to the parent. Under fork nothing is pickled at all.
+    """
+
+    def __init__(self, obj: Any) -> None:
+        self._obj = obj
+        self._data: bytes | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return (_rebuild_deferred, (bytes(ForkingPickler.dumps(self._obj)),))
+
+    def get(self) -> Any:
+        """The object (unpickled here in the child, if it was pickled)."""
+        if self._data is not None:
+            return pickle.loads(self._data)
+        return self._obj
+
+
+def _rebuild_deferred(data: bytes) -> Deferred:
+    d = Deferred(None)
+    d._data = data
+    return d
+
+
+class _WorkerTag(logging.Filter):
+    """Prefix worker log records with ``[steadyload worker N pid P]``."""
+
+    def __init__(self, worker_id: int) -> None:
+        super().__init__()
+        self._tag = f"[steadyload worker {worker_id} pid {os.getpid()}] "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self._tag):
+            record.msg = self._tag + str(record.msg)
+        return True
+
+
+_STOP_GRACE_S = 0.25
+
+
+def _read_loop(conn: Connection, inbox: queue.SimpleQueue[Any], stopped: threading.Event) -> None:
+    """Reader thread: move messages to ``inbox``; end the process if the parent dies."""
+    parent = multiprocessing.parent_process()
+    watch: list[Any] = [conn] + ([parent.sentinel] if parent is not None else [])
+    while True:
+        ready = wait(watch)
+        if conn in ready:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                msg = Stop()
+            inbox.put(msg)
+            if not isinstance(msg, Stop):
+                continue
+            # The parent wants no more results. If the main thread is inside a long
+            # task it cannot see the Stop; finishing the task would only delay shutdown.
+            if not stopped.wait(_STOP_GRACE_S):
+                _exit_now()
+            return
+        if ready:
+            _exit_now()  # the parent is gone: nobody wants our results
+
+
+def _exit_now() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or broken stream must not keep us alive
+            pass
+    os._exit(0)
+
+
+def _seed(base_seed: int, worker_id: int) -> int:
+    # Exactly torch's _worker_loop, so that random values drawn in datasets are the same.
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        return seed
+    np.random.seed(_torch_worker._generate_state(base_seed, worker_id))
+    return seed
+
+
+def _failure(task_id: int, exc: BaseException, where: str) -> Failed:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        data: bytes | None = pickle.dumps(exc)
+        pickle.loads(data)  # exceptions with custom __init__ often fail only here
+    except Exception:
+        data = None
+    return Failed(
+        task_id=task_id,
+        exception=data,
+        type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        text=str(exc),
+        traceback=tb,
+        where=where,
+    )
+
+
+def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
+    """Entry point of a worker process."""
+    # Ctrl-C goes to the whole process group; the parent decides how workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.enable()  # a native crash prints the Python stack to stderr
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        cfg: WorkerConfig = deferred.get()
+    except BaseException as exc:
+        conn.send(
+            StartFailed(
+                type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                text=str(exc),
+                traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            )
+        )
+        return
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    stopped = threading.Event()
+    threading.Thread(
+        target=_read_loop, args=(conn, inbox, stopped), name="steadyload-reader", daemon=True
+    ).start()
+    logging.getLogger("steadyload").addFilter(_WorkerTag(worker_id))
+
+    torch.set_num_threads(1)
+    seed = _seed(cfg.base_seed, worker_id)
+    _torch_worker._worker_info = _torch_worker.WorkerInfo(
+        id=worker_id, num_workers=cfg.num_workers, seed=seed, dataset=cfg.dataset
+    )
+    arena = Arena(worker_id)
+    if HAVE_MEMFD:
+        install_collate_hook(arena)
+
+    def new_fetcher() -> Fetcher:
+        return Fetcher(
+            cfg.dataset_kind, cfg.dataset, cfg.auto_collation, cfg.collate_fn, cfg.drop_last
+        )
+
+    init_error: tuple[BaseException, str] | None = None
+    fetcher: Fetcher | None = None
+    try:
+        if cfg.worker_init_fn is not None:
+            cfg.worker_init_fn(worker_id)
+        fetcher = new_fetcher()
+    except Exception as exc:
+        where = "in worker_init_fn" if fetcher is None and cfg.worker_init_fn else "in iter(dataset)"
+        init_error = (exc, where)
+    _LOG.debug("worker %d started (seed %d)", worker_id, seed)
+
+    iteration_end = False
+    try:
+        while True:
+            msg = inbox.get()
+            if isinstance(msg, Stop):
+                break
+            if isinstance(msg, Reset):
+                arena.release(msg.freed)
+                iteration_end = False
+                if init_error is None:
+                    try:
+                        fetcher = new_fetcher()
+                    except Exception as exc:
+                        init_error = (exc, "in iter(dataset)")
+                continue
+            assert isinstance(msg, Task)
+            arena.release(msg.freed)
+            if init_error is not None or fetcher is None:
+                exc, where = init_error or (RuntimeError("no fetcher"), "")
+                conn.send(_failure(msg.task_id, exc, where))
+                continue
+            if iteration_end:
+                conn.send(Exhausted(msg.task_id))
+                continue
+            iteration_end = _run_task(msg, fetcher, arena, conn, sock, cfg.dataset_kind)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        pass  # the parent closed our pipe: it is shutting down
+    finally:
+        stopped.set()
+        sock.close()
+
+
+def _run_task(
+    task: Task, fetcher: Fetcher, arena: Arena, conn: Connection, sock: socket.socket, kind: int
+) -> bool:
+    """Run one task and send its outcome; True when the dataset's stream has ended."""
+    arena.begin_task()
+    try:
+        data = fetcher.fetch(task.indices)
+    except StopIteration as exc:
+        arena.end_task(sent=False)
+        if kind == ITERABLE:
+            conn.send(Exhausted(task.task_id))
+            return True
+        conn.send(_failure(task.task_id, exc, fetcher.where))
+        return False
+    except Exception as exc:
+        arena.end_task(sent=False)
+        conn.send(_failure(task.task_id, exc, fetcher.where))
+        return False
+    try:
+        payload = arena.pack(data) if HAVE_MEMFD else ForkingPickler.dumps(data)
+    except Exception as exc:
+        arena.end_task(sent=False)
+        conn.send(_failure(task.task_id, exc, "while sending the batch to the main process"))
+        return False
+    del data
+    used, new, retired = arena.end_task(sent=True)
+    conn.send(
+        Done(
+            task_id=task.task_id,
+            payload=bytes(payload),
+            segments=used,
+            new_segments=tuple(_announce(s) for s in new),
+            retired=retired,
+        )
+    )
+    if new:
+        send_segments(sock, new)
+    return False
+
+
+def _announce(seg: Any) -> NewSegment:
+    return NewSegment(segment_id=seg.segment_id, nbytes=seg.nbytes)

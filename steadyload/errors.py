@@ -1,0 +1,104 @@
+"""Public exception hierarchy.
+
+Every error steadyload raises on its own account derives from `SteadyloadError`, and also
+from the builtin that torch raises in the same situation (`RuntimeError` for dead workers
+and time-outs), so that `except RuntimeError` written for torch's DataLoader still works.
+Messages are composed in `steadyload.diagnosis`; these classes only carry the fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "SteadyloadError",
+    "UnsafeForkError",
+    "WorkerDiedError",
+    "WorkerHangError",
+    "WorkerStartError",
+]
+
+
+class SteadyloadError(Exception):
+    """Root of every error raised by steadyload itself (not by your dataset)."""
+
+
+class WorkerDiedError(SteadyloadError, RuntimeError):
+    """A worker process exited while it still held work.
+
+    Attributes:
+        worker_id: the worker's id (0 .. num_workers - 1), as `get_worker_info().id` saw it.
+        pid: the worker's process id.
+        exitcode: `Process.exitcode`: negative for a signal (-9 is SIGKILL), else the exit status.
+        signal_name: e.g. ``"SIGKILL"``, or None when the worker exited with a status.
+        sample_indices: the dataset indices of the samples the worker held when it died
+            (for an IterableDataset, None entries: a stream has no indices).
+        evidence: facts the diagnosis used, as ``name -> value``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker_id: int,
+        pid: int | None,
+        exitcode: int | None,
+        signal_name: str | None,
+        sample_indices: Sequence[object],
+        evidence: dict[str, object] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
+        self.signal_name = signal_name
+        self.sample_indices = list(sample_indices)
+        self.evidence = dict(evidence or {})
+
+
+class WorkerStartError(SteadyloadError, RuntimeError):
+    """A worker could not start: its arguments did not unpickle, or its set-up raised.
+
+    Attributes:
+        worker_id: the worker's id.
+        pid: the worker's process id, if it got that far.
+    """
+
+    def __init__(self, message: str, *, worker_id: int, pid: int | None) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+
+
+class WorkerHangError(SteadyloadError, RuntimeError, TimeoutError):
+    """No batch arrived within the loader's ``timeout``.
+
+    Also a `TimeoutError` (so ``except TimeoutError`` works) and a `RuntimeError` (what
+    torch raises for "DataLoader timed out after N seconds").
+
+    Attributes:
+        timeout_s: the limit that was exceeded. [Unit: second]
+        worker_id: the worker that held the overdue batch, if known.
+        sample_indices: the indices of the overdue batch.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        timeout_s: float,
+        worker_id: int | None,
+        sample_indices: Sequence[object],
+    ) -> None:
+        super().__init__(message)
+        self.timeout_s = timeout_s
+        self.worker_id = worker_id
+        self.sample_indices = list(sample_indices)
+
+
+class UnsafeForkError(SteadyloadError, RuntimeError):
+    """The fork start method was chosen while a GPU context exists in this process.
+
+    fork() copies the GPU driver's state into the child, where it is unusable: the worker
+    hangs (often with the GPU at 100%) instead of failing. steadyload refuses up front.
+    """

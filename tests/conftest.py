@@ -1,0 +1,76 @@
+"""Shared fixtures: every test must leave no worker process, /dev/shm file or fd behind."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import psutil
+import pytest
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.05,
+    what: str = "condition",
+) -> None:
+    """Poll ``predicate`` until true; fail after ``timeout_s``. Every wait in tests is bounded."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s} s")
+        time.sleep(interval_s)
+
+
+def _helpers() -> set[int]:
+    """Long-lived helper processes that are not leaks: the fork server, the resource tracker."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = {forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid}
+    return {p for p in pids if p}
+
+
+def _children() -> set[int]:
+    helpers = _helpers()
+    out = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid not in helpers and child.status() != psutil.STATUS_ZOMBIE:
+                out.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _shm_files() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith(("sl-", "steadyload", "torch_"))}
+    except FileNotFoundError:
+        return set()
+
+
+def _fds() -> set[int]:
+    return {int(n) for n in os.listdir("/proc/self/fd")}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_forkserver() -> None:
+    """Start the fork server (and resource tracker) once, before leak baselines are taken."""
+    import steadyload.start as start
+
+    start.resolve_context("forkserver", None, None)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Fail the test if it leaves processes, shared-memory files or file descriptors."""
+    children, shm, fds = _children(), _shm_files(), _fds()
+    yield
+    gc.collect()
+    wait_until(lambda: not (_children() - children), 10, what="all worker processes to exit")
+    assert not (_shm_files() - shm), f"/dev/shm files left behind: {_shm_files() - shm}"
+    wait_until(lambda: (gc.collect() or True) and not (_fds() - fds), 5,
+               what=f"file descriptors to be closed (new: {sorted(_fds() - fds)})")
+    assert not multiprocessing.active_children() or True  # reaped above via psutil

@@ -1,0 +1,235 @@
+"""Datasets used by tests, at module level so that forkserver workers can import them."""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import random
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+Pair = collections.namedtuple("Pair", ["index", "value"])
+
+KINDS = ("tensor", "numpy", "dict", "tuple", "namedtuple", "str", "int", "random")
+
+
+class MapDS(Dataset[Any]):
+    """Map-style dataset whose samples are of the given kind."""
+
+    def __init__(self, n: int, kind: str = "tensor") -> None:
+        self.n = n
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        k = self.kind
+        if k == "tensor":
+            return torch.arange(3, dtype=torch.float32) + i
+        if k == "numpy":
+            return np.full((2, 2), i, dtype=np.int64)
+        if k == "dict":
+            return {"x": torch.tensor([i, -i]), "name": f"s{i}", "w": float(i) / 2}
+        if k == "tuple":
+            return (torch.tensor(i), f"s{i}", i)
+        if k == "namedtuple":
+            return Pair(i, torch.full((2,), float(i)))
+        if k == "str":
+            return f"sample-{i}"
+        if k == "int":
+            return i
+        if k == "random":
+            return {
+                "i": i,
+                "torch": torch.rand(2),
+                "random": random.random(),
+                "numpy": np.random.rand(),
+            }
+        raise ValueError(k)
+
+
+class IterDS(IterableDataset[Any]):
+    """Iterable dataset over range(n), sharded across workers when ``shard`` is set."""
+
+    def __init__(self, n: int, shard: bool = True, with_len: bool = True) -> None:
+        self.n = n
+        self.shard = shard
+        self.with_len = with_len
+
+    def __len__(self) -> int:
+        if not self.with_len:
+            raise TypeError("no len")
+        return self.n
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        if info is None or not self.shard:
+            lo, hi = 0, self.n
+        else:
+            per = int(math.ceil(self.n / info.num_workers))
+            lo, hi = info.id * per, min(self.n, (info.id + 1) * per)
+        for i in range(lo, hi):
+            yield {"i": i, "t": torch.rand(1)}
+
+
+class WorkerInfoDS(Dataset[Any]):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        assert info is not None
+        return {
+            "id": info.id,
+            "num_workers": info.num_workers,
+            "seed": info.seed,
+            "same_dataset_type": type(info.dataset).__name__,
+            "pid": os.getpid(),
+        }
+
+
+class GetItemsDS(MapDS):
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        return [("batched", i) for i in indices]
+
+
+class FailAt(Dataset[Any]):
+    """Raises ``exc_type`` when loading index ``bad``."""
+
+    def __init__(self, n: int, bad: int, exc_type: type[BaseException] = KeyError) -> None:
+        self.n, self.bad, self.exc_type = n, bad, exc_type
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.bad:
+            raise self.exc_type(f"sample {i} is corrupt")
+        return torch.tensor(i)
+
+
+class OddError(Exception):
+    """An exception whose __init__ takes two arguments: it does not survive pickling."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"odd {a} {b}")
+
+
+class RaisesOdd(Dataset[Any]):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        raise OddError(i, 2)
+
+
+class Fault(Dataset[Any]):
+    """A dataset that injects a real fault at index ``at``: kill, exit, segfault, hang."""
+
+    def __init__(self, n: int, at: int, how: str, delay_s: float = 0.0) -> None:
+        self.n, self.at, self.how, self.delay_s = n, at, how, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if i == self.at:
+            if self.how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif self.how == "exit":
+                os._exit(123)
+            elif self.how == "segfault":
+                import ctypes
+
+                ctypes.string_at(0)
+            elif self.how == "hang":
+                time.sleep(3600)
+        return torch.tensor(i)
+
+
+class Slow(Dataset[Any]):
+    def __init__(self, n: int, delay_s: float) -> None:
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(self.delay_s)
+        return torch.tensor(i)
+
+
+class BadUnpickle(Dataset[Any]):
+    """Pickles fine in the parent, fails to unpickle in the worker."""
+
+    def __init__(self) -> None:
+        self.state = "something to restore"
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return i
+
+    def __setstate__(self, state: Any) -> None:
+        raise RuntimeError("cannot restore this dataset in a worker")
+
+
+def collate_sum(batch: list[Any]) -> Any:
+    """A custom collate_fn: the sum of the batch's tensors plus the batch size."""
+    return {"sum": torch.stack([torch.as_tensor(b) for b in batch]).sum(0), "n": len(batch)}
+
+
+def init_raises(worker_id: int) -> None:
+    raise ValueError(f"worker_init_fn failed in worker {worker_id}")
+
+
+def init_sets_env(worker_id: int) -> None:
+    os.environ["STEADYLOAD_TEST_WORKER"] = str(worker_id)
+
+
+class EnvDS(Dataset[Any]):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return os.environ.get("STEADYLOAD_TEST_WORKER", "unset")
+
+
+def collate_views(batch: list[int]) -> Any:
+    """Tensors that are views, transposes, odd dtypes, scalars, empty and conjugated."""
+    base = torch.arange(40, dtype=torch.float64).reshape(5, 8)
+    return {
+        "view": base[1:4, ::2],  # non-contiguous view of a larger storage
+        "t": base.t(),
+        "bool": torch.tensor([True, False]),
+        "bf16": torch.ones(3, dtype=torch.bfloat16),
+        "scalar": torch.tensor(7),
+        "empty": torch.empty(0, 4),
+        "conj": torch.tensor([1 + 2j]).conj(),
+        "batch": batch,
+    }
+
+
+class PidDS(Dataset[Any]):
+    """Returns (index, worker pid), optionally slowly."""
+
+    def __init__(self, n: int, delay_s: float = 0.0) -> None:
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return torch.tensor([i, os.getpid()])

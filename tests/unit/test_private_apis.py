@@ -1,0 +1,37 @@
+"""steadyload leans on a few private APIs of CPython and torch; fail loudly if they move."""
+
+from __future__ import annotations
+
+import inspect
+from multiprocessing import forkserver
+
+import torch
+from torch.utils.data import dataloader
+from torch.utils.data._utils import worker as torch_worker
+
+
+def test_forkserver_singleton_state() -> None:
+    server = forkserver._forkserver
+    assert hasattr(server, "_forkserver_pid") and hasattr(server, "_preload_modules")
+    assert callable(server.set_forkserver_preload) and callable(server.ensure_running)
+
+
+def test_torch_iterator_base_and_its_hooks() -> None:
+    base = dataloader._BaseDataLoaderIter
+    for name in ("_reset", "_next_index", "_next_data", "__next__"):
+        assert hasattr(base, name), name
+    assert "first_iter" in inspect.signature(base._reset).parameters
+
+
+def test_torch_worker_seeding_and_info() -> None:
+    assert callable(torch_worker._generate_state)
+    assert hasattr(torch_worker, "_worker_info")
+    fields = set(torch_worker.WorkerInfo.__dataclass_fields__)
+    assert {"id", "num_workers", "seed", "dataset"} <= fields
+
+
+def test_collate_allocates_through_new_shared() -> None:
+    # default_collate's worker path allocates with _new_shared; the arena hooks it.
+    assert callable(torch.UntypedStorage._new_shared)
+    src = inspect.getsource(torch.utils.data._utils.collate.collate_tensor_fn)
+    assert "_new_shared" in src and "get_worker_info" in src

@@ -1,0 +1,61 @@
+"""The public surface: exactly the documented names, all reporting module `steadyload`."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import torch
+
+import steadyload
+
+DOCUMENTED = [
+    "DataLoader",
+    "SteadyloadError",
+    "UnsafeForkError",
+    "WorkerDiedError",
+    "WorkerHangError",
+    "WorkerStartError",
+]
+
+
+def test_all_is_the_documented_list_sorted() -> None:
+    assert steadyload.__all__ == sorted(DOCUMENTED)
+
+
+def test_public_objects_report_the_public_module() -> None:
+    for name in steadyload.__all__:
+        assert getattr(steadyload, name).__module__ == "steadyload", name
+
+
+def test_signature_is_torchs_positionally_then_keyword_only_extras() -> None:
+    ours = inspect.signature(steadyload.DataLoader.__init__).parameters
+    theirs = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+    assert list(ours)[: len(theirs)] == list(theirs)
+    for name, param in theirs.items():
+        assert ours[name].kind == param.kind, name
+        assert ours[name].default == param.default, name
+    extras = list(ours)[len(theirs):]
+    assert extras == ["start_method"]
+    assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in extras)
+
+
+def test_error_hierarchy() -> None:
+    for name in ("WorkerDiedError", "WorkerHangError", "WorkerStartError", "UnsafeForkError"):
+        cls = getattr(steadyload, name)
+        assert issubclass(cls, steadyload.SteadyloadError) and issubclass(cls, RuntimeError)
+    assert issubclass(steadyload.WorkerHangError, TimeoutError)
+
+
+def test_public_functions_and_classes_are_documented() -> None:
+    for name in steadyload.__all__:
+        assert inspect.getdoc(getattr(steadyload, name)), name
+
+
+def test_version_from_the_command_line() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "steadyload", "--version"], capture_output=True, text=True,
+        timeout=60, check=True,
+    )
+    assert out.stdout.strip() == f"steadyload {steadyload.__version__}"
