@@ -46,7 +46,8 @@ def make():
     if kind == "steadyload":
         return sl.DataLoader(ds, batch_size=8, num_workers=2)
     method = kind.replace("torch-", "").replace("-preload", "")
-    return torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context=method)
+    return torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2,
+                                       multiprocessing_context=method)
 
 if __name__ == "__main__":
     out = []
@@ -59,13 +60,17 @@ if __name__ == "__main__":
     print(json.dumps(out))
 """
 
-FIRST_BATCH_KINDS = ["torch-fork", "torch-spawn", "torch-forkserver", "torch-forkserver-preload", "steadyload"]
+FIRST_BATCH_KINDS = [
+    "torch-fork", "torch-spawn", "torch-forkserver", "torch-forkserver-preload", "steadyload",
+]
 
 
 def first_batch(kind: str) -> tuple[float, float]:
     """(fresh, warm) seconds to the first batch for one loader kind, in a new process."""
     code = FIRST_BATCH_CHILD.format(paths=[str(HERE), str(HERE.parent)], kind=kind)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
     if out.returncode:
         raise RuntimeError(f"{kind} failed:\n{out.stderr}")
     fresh, warm = json.loads(out.stdout.strip().splitlines()[-1])
@@ -75,8 +80,8 @@ def first_batch(kind: str) -> tuple[float, float]:
 def throughput(make: Any, samples: int) -> tuple[float, float]:
     """(samples/s, batches/s) from the first batch to the end of one epoch."""
     it = iter(make())
-    first = next(it)
-    count, batches = _size(first), 1
+    next(it)
+    batches = 1
     t0 = time.perf_counter()
     n = 0
     for batch in it:
@@ -106,16 +111,18 @@ def memcpy_gbps(nbytes: int, reps: int = 20) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="fewer samples, for a smoke run")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
     import torch
+    from bench_datasets import CpuBound, Images, Trivial, calibrate
 
     import steadyload as sl
-    from bench_datasets import CpuBound, Images, Trivial, calibrate
 
     scale = 0.25 if args.quick else 1.0
     results: dict[str, dict[str, list[float]]] = {}
@@ -123,8 +130,11 @@ def main() -> None:
     def record(section: str, name: str, value: float) -> None:
         results.setdefault(section, {}).setdefault(name, []).append(value)
 
-    print(f"steadyload {sl.__version__}, torch {torch.__version__}, python {sys.version.split()[0]}, "
-          f"{os.cpu_count()} CPUs, {args.reps} repetitions", flush=True)
+    print(
+        f"steadyload {sl.__version__}, torch {torch.__version__}, "
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.reps} repetitions",
+        flush=True,
+    )
 
     # (a) first batch, fresh and warm, each in its own process
     for rep in range(args.reps):
@@ -145,9 +155,9 @@ def main() -> None:
         for section, (make_ds, kwargs) in cases.items():
             ds = make_ds()
             makers = {
-                "torch-fork": lambda: torch.utils.data.DataLoader(
-                    ds, num_workers=2, multiprocessing_context="fork", **kwargs),
-                "steadyload": lambda: sl.DataLoader(ds, num_workers=2, **kwargs),
+                "torch-fork": lambda ds=ds, kw=kwargs: torch.utils.data.DataLoader(
+                    ds, num_workers=2, multiprocessing_context="fork", **kw),
+                "steadyload": lambda ds=ds, kw=kwargs: sl.DataLoader(ds, num_workers=2, **kw),
             }
             for name, make in makers.items():
                 sps, bps = throughput(make, len(ds))
@@ -165,17 +175,20 @@ def main() -> None:
         if kind == "steadyload":
             print(f"  {kind:26s} {f:8.3f}                    {w:8.3f}")
         else:
-            print(f"  {kind:26s} {f:8.3f}  sl/this {sl_f / f:5.2f}x     {w:8.3f}  sl/this {sl_w / w:5.2f}x")
+            print(f"  {kind:26s} {f:8.3f}  sl/this {sl_f / f:5.2f}x     "
+                  f"{w:8.3f}  sl/this {sl_w / w:5.2f}x")
     labels = {"b_cpu": "(b) CPU-bound ~5 ms/sample [samples/s]",
               "c_tiny": "(c) tiny samples, batch 64 [samples/s]",
               "d_images": "(d) 19 MB batches [batches/s]"}
     for section, label in labels.items():
         t, s = med[section]["torch-fork"], med[section]["steadyload"]
-        print(f"{label:44s} torch-fork {t:10.1f}   steadyload {s:10.1f}   ratio {s / t:5.2f}x")
+        print(f"{label:44s} torch-fork {t:10.1f}   steadyload {s:10.1f}   "
+              f"ratio {s / t:5.2f}x")
     gbps = med["d_memcpy_gbps"]["memcpy"]
     for name in ("torch-fork", "steadyload"):
         rate = med["d_images"][name] * batch_bytes / 1e9
-        print(f"    {name:12s} {rate:6.2f} GB/s of batches; memcpy of the same bytes: {gbps:6.2f} GB/s")
+        print(f"    {name:12s} {rate:6.2f} GB/s of batches; "
+              f"memcpy of the same bytes: {gbps:6.2f} GB/s")
     if args.json:
         args.json.write_text(json.dumps({"medians": med, "raw": results}, indent=1))
 

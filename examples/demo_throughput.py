@@ -80,7 +80,9 @@ def death_message(cls: Any) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--samples", type=int, default=1024)
     args = ap.parse_args()
     ds = SyntheticImages(args.samples)
@@ -88,7 +90,8 @@ def main() -> None:
           f"{args.samples} samples, batch 32 x 3 x 224 x 224 float32 (19 MB), 2 workers\n")
     rows = {}
     for name, cls, extra in (
-        ("torch DataLoader (fork)", torch.utils.data.DataLoader, {"multiprocessing_context": "fork"}),
+        ("torch DataLoader (fork)", torch.utils.data.DataLoader,
+         {"multiprocessing_context": "fork"}),
         ("steadyload (forkserver)", sl.DataLoader, {}),
         ("steadyload, 2nd loader", sl.DataLoader, {}),
     ):

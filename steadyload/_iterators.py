@@ -25,7 +25,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from . import diagnosis, start
 from .engine.fetch import ITERABLE, Fetcher
-from .engine.protocol import Done, Exhausted, Failed, StartFailed
+from .engine.protocol import Exhausted, Failed, StartFailed
 from .engine.supervisor import Died, Supervisor
 from .engine.worker import WorkerConfig
 from .errors import WorkerStartError
@@ -41,7 +41,7 @@ def add_note(exc: BaseException, note: str) -> None:
     if hasattr(exc, "add_note"):
         exc.add_note(note)
     else:  # pragma: no cover - Python 3.10
-        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]
 
 
 class RemoteTraceback(Exception):
@@ -124,7 +124,7 @@ class _WorkerIter(_BaseDataLoaderIter):
             auto_collation=self._auto_collation,
             collate_fn=self._collate_fn,
             drop_last=self._drop_last,
-            base_seed=self._base_seed,
+            base_seed=int(self._base_seed),
             worker_init_fn=loader.worker_init_fn,
             num_workers=self._num_workers,
         )
@@ -380,7 +380,7 @@ def _flat(indices: Any) -> list[Any]:
     if isinstance(indices, (list, tuple)):
         return list(indices)
     if isinstance(indices, torch.Tensor):
-        return indices.tolist()  # type: ignore[no-any-return]
+        return list(indices.tolist())
     return [indices]
 
 

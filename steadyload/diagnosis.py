@@ -47,41 +47,46 @@ def _torch_first_line(pid: int | None, exitcode: int | None) -> str:
 def _cause_and_fix(exitcode: int | None, start_method: str) -> tuple[str, str]:
     name = signal_name(exitcode)
     if name == "SIGKILL":
-        return (
+        cause = (
             "SIGKILL comes from the out-of-memory killer (the kernel log, `dmesg`, says "
             "'Out of memory: Killed process') or from another process (a job scheduler, "
-            "a user's kill -9).",
+            "a user's kill -9)."
+        )
+        fix = (
             "if memory ran out, lower num_workers, batch_size or prefetch_factor, or the "
-            "memory each sample needs.",
+            "memory each sample needs."
         )
-    if name == "SIGBUS":
-        return (
-            "a bus error in a data loader almost always means shared memory (/dev/shm) "
-            "ran out.",
+    elif name == "SIGBUS":
+        cause = "a bus error in a data loader almost always means shared memory (/dev/shm) ran out."
+        fix = (
             "give the container more shared memory (docker run --shm-size=8g) or lower "
-            "batch_size, prefetch_factor or num_workers.",
+            "batch_size, prefetch_factor or num_workers."
         )
-    if name in ("SIGSEGV", "SIGABRT", "SIGFPE", "SIGILL"):
-        return (
+    elif name in ("SIGSEGV", "SIGABRT", "SIGFPE", "SIGILL"):
+        cause = (
             f"{name} is a crash in native code (a C/C++ extension used by the dataset, "
-            "or a library that is not safe to use after fork).",
+            "or a library that is not safe to use after fork)."
+        )
+        fix = (
             "run with num_workers=0 to get the native stack, and prefer the forkserver "
-            "start method (steadyload's default) over fork.",
+            "start method (steadyload's default) over fork."
         )
-    if name is not None:
-        return (f"the worker received {name}.", "find out which process sent it.")
-    if exitcode == 255 and start_method == "forkserver":
-        return (
-            "exit code 255 under forkserver usually means the fork server itself died.",
-            "check the fork server's stderr above; re-create the loader to start a new one.",
+    elif name is not None:
+        cause, fix = f"the worker received {name}.", "find out which process sent it."
+    elif exitcode == 255 and start_method == "forkserver":
+        cause = "exit code 255 under forkserver usually means the fork server itself died."
+        fix = "check the fork server's stderr above; re-create the loader to start a new one."
+    else:
+        cause = (
+            f"the worker's Python process exited with status {exitcode} without reporting "
+            "an error: dataset code called sys.exit() or os._exit(), or the worker failed "
+            "while starting (its traceback, if any, is printed above on stderr)."
         )
-    return (
-        f"the worker's Python process exited with status {exitcode} without reporting an "
-        "error: dataset code called sys.exit() or os._exit(), or the worker failed while "
-        "starting (its traceback, if any, is printed above on stderr).",
-        "look for sys.exit/os._exit in the dataset, collate_fn and worker_init_fn; run "
-        "with num_workers=0 to see the error in this process.",
-    )
+        fix = (
+            "look for sys.exit/os._exit in the dataset, collate_fn and worker_init_fn; run "
+            "with num_workers=0 to see the error in this process."
+        )
+    return cause, fix
 
 
 def worker_died(

@@ -69,11 +69,11 @@ def _forkserver_running() -> bool:
 def _ensure_forkserver(extra_modules: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
     """Merge our preloads into the fork server's list and start it if it is not running."""
     with _preload_lock:
-        server = forkserver._forkserver  # type: ignore[attr-defined]  # the singleton
+        server = forkserver._forkserver  # the process-wide singleton
         was_running = _forkserver_running()
         wanted = tuple(m for m in (*_ALWAYS_PRELOAD, *extra_modules) if _importable(m))
         if not was_running:
-            current = list(server._preload_modules)
+            current = list(server._preload_modules)  # type: ignore[attr-defined]  # private
             merged = current + [m for m in wanted if m not in current]
             server.set_forkserver_preload(merged)
             _LOG.debug("starting the fork server with preload %s", merged)

@@ -22,7 +22,7 @@ def assert_same(a: Any, b: Any, path: str = "batch") -> None:
             assert_same(a[k], b[k], f"{path}[{k!r}]")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), f"{path}: len {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{path}[{i}]")
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
@@ -31,5 +31,5 @@ def assert_same(a: Any, b: Any, path: str = "batch") -> None:
 def assert_same_batches(got: list[Any], want: list[Any]) -> None:
     """Assert two lists of batches are equal, batch by batch."""
     assert len(got) == len(want), f"{len(got)} batches != {len(want)}"
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_same(g, w, f"batch {i}")

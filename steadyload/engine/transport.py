@@ -185,8 +185,9 @@ class Arena:
         n = t.numel() * t.element_size()
         seg, offset = self.alloc(n)
         dst = torch.from_numpy(np.frombuffer(seg.mm, np.uint8, n, offset))
-        dst.view(t.dtype).view(t.shape).copy_(t)
-        return (seg.segment_id, offset, n, t.dtype, tuple(t.shape), t.new_empty(t.shape).stride(), 0)
+        dst = dst.view(t.dtype).view(t.shape)
+        dst.copy_(t)
+        return (seg.segment_id, offset, n, t.dtype, tuple(t.shape), dst.stride(), 0)
 
     def end_task(self, sent: bool) -> tuple[tuple[int, ...], list[_Segment], tuple[int, ...]]:
         """Finish a batch: (its segment ids, segments whose fd must follow, retired ids).
@@ -249,7 +250,7 @@ class SegmentMap:
         try:
             if msg != b"S" or len(fds) != len(announced):
                 raise EOFError("the worker's connection closed while it sent shared memory")
-            for new, fd in zip(announced, fds):
+            for new, fd in zip(announced, fds, strict=True):
                 self._maps[new.segment_id] = mmap.mmap(fd, new.nbytes)
         finally:
             for fd in fds:

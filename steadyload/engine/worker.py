@@ -144,8 +144,9 @@ def _seed(base_seed: int, worker_id: int) -> int:
 
 def _failure(task_id: int, exc: BaseException, where: str) -> Failed:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    data: bytes | None
     try:
-        data: bytes | None = pickle.dumps(exc)
+        data = pickle.dumps(exc)
         pickle.loads(data)  # exceptions with custom __init__ often fail only here
     except Exception:
         data = None
@@ -199,13 +200,15 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
 
     init_error: tuple[BaseException, str] | None = None
     fetcher: Fetcher | None = None
+    stage = "in worker_init_fn"
     try:
         if cfg.worker_init_fn is not None:
             cfg.worker_init_fn(worker_id)
+        stage = "in iter(dataset)"
         fetcher = new_fetcher()
     except Exception as exc:
-        where = "in worker_init_fn" if fetcher is None and cfg.worker_init_fn else "in iter(dataset)"
-        init_error = (exc, where)
+        # Reported with every task, as torch does for the first one: nothing can load.
+        init_error = (exc, stage)
     _LOG.debug("worker %d started (seed %d)", worker_id, seed)
 
     iteration_end = False
@@ -226,8 +229,8 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
             assert isinstance(msg, Task)
             arena.release(msg.freed)
             if init_error is not None or fetcher is None:
-                exc, where = init_error or (RuntimeError("no fetcher"), "")
-                conn.send(_failure(msg.task_id, exc, where))
+                error, where = init_error or (RuntimeError("no fetcher"), "")
+                conn.send(_failure(msg.task_id, error, where))
                 continue
             if iteration_end:
                 conn.send(Exhausted(msg.task_id))

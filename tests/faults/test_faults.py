@@ -115,14 +115,20 @@ def test_dataset_that_does_not_unpickle_in_the_worker() -> None:
 
 
 def test_keyboard_interrupt_while_waiting_stops_the_workers() -> None:
-    loader = sl.DataLoader(Slow(100, delay_s=0.5), batch_size=1, num_workers=2)
-    it = iter(loader)
-    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        for _ in it:
-            pass
-    timer.join()
+    # A shell that starts a job in the background makes it ignore SIGINT; Ctrl-C in a
+    # terminal raises KeyboardInterrupt, so make sure this process does the same here.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        loader = sl.DataLoader(Slow(100, delay_s=0.5), batch_size=1, num_workers=2)
+        it = iter(loader)
+        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            for _ in it:
+                pass
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert it._supervisor is None  # workers stopped at once, not at garbage collection
 
 

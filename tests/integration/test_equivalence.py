@@ -6,7 +6,6 @@ import random
 from typing import Any
 
 import numpy as np
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -116,7 +115,7 @@ def test_random_values_in_workers_match_torch_across_persistent_epochs() -> None
         cls(ds, generator=torch.Generator().manual_seed(11), **kwargs)
         for cls in (sl.DataLoader, torch.utils.data.DataLoader)
     ]
-    for epoch in range(3):
+    for _epoch in range(3):
         got, want = (list(loader) for loader in loaders)
         assert_same_batches(got, want)
     # Workers were reused: the random streams continued instead of restarting.
@@ -138,7 +137,7 @@ def test_tensor_views_and_dtypes_cross_intact() -> None:
 
     got = list(sl.DataLoader(ds, batch_size=3, num_workers=1, collate_fn=collate_views))
     want = [collate_views(list(range(i, min(i + 3, 6)))) for i in range(0, 6, 3)]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         w["conj"] = w["conj"].resolve_conj()
         g["conj"] = g["conj"].resolve_conj()
         assert_same(g, w)

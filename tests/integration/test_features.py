@@ -18,7 +18,7 @@ def test_get_worker_info_inside_workers_matches_torch() -> None:
     gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
     got = list(sl.DataLoader(WorkerInfoDS(), batch_size=2, num_workers=2, generator=gen()))
     want = list(torch.utils.data.DataLoader(WorkerInfoDS(), batch_size=2, num_workers=2, generator=gen()))
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         for key in ("id", "num_workers", "seed", "same_dataset_type"):
             assert torch.equal(torch.as_tensor(g[key]), torch.as_tensor(w[key])) if key != "same_dataset_type" else g[key] == w[key]
     assert {int(b["id"][0]) for b in got} == {0, 1}
