@@ -6,20 +6,30 @@ Import everything from here; other modules are private.
 from __future__ import annotations
 
 from ._version import __version__ as __version__
+from .errors import MainGuardError as MainGuardError
+from .errors import NotPicklableError as NotPicklableError
 from .errors import SteadyloadError as SteadyloadError
 from .errors import UnsafeForkError as UnsafeForkError
 from .errors import WorkerDiedError as WorkerDiedError
 from .errors import WorkerHangError as WorkerHangError
 from .errors import WorkerStartError as WorkerStartError
 from .loader import DataLoader as DataLoader
+from .per_worker import per_worker as per_worker
+from .report import LoaderReport as LoaderReport
+from .report import WorkerReport as WorkerReport
 
 __all__ = [
     "DataLoader",
+    "LoaderReport",
+    "MainGuardError",
+    "NotPicklableError",
     "SteadyloadError",
     "UnsafeForkError",
     "WorkerDiedError",
     "WorkerHangError",
+    "WorkerReport",
     "WorkerStartError",
+    "per_worker",
 ]
 
 

@@ -25,10 +25,11 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from . import diagnosis, start
 from .engine.fetch import ITERABLE, Fetcher
-from .engine.protocol import Exhausted, Failed, StartFailed
+from .engine.protocol import Exhausted, Failed, Ready, StartFailed
 from .engine.supervisor import Died, Supervisor
 from .engine.worker import WorkerConfig
 from .errors import WorkerStartError
+from .report import RunRecord, WorkerReport
 
 if TYPE_CHECKING:
     from .loader import DataLoader
@@ -118,6 +119,9 @@ class _WorkerIter(_BaseDataLoaderIter):
         self._loader_options = loader._options
         self._ctx, self._start_info = loader._start_context()
         start.check_fork_safe(self._start_info.method)
+        start.check_main_guard(self._start_info.method)
+        start.warn_if_threads_before_fork(self._start_info.method)
+        self.record = RunRecord(self._start_info.method, self._start_info.preload)
         self._config = WorkerConfig(
             dataset_kind=self._dataset_kind,
             dataset=self._dataset,
@@ -127,6 +131,7 @@ class _WorkerIter(_BaseDataLoaderIter):
             base_seed=int(self._base_seed),
             worker_init_fn=loader.worker_init_fn,
             num_workers=self._num_workers,
+            preload=self._start_info.preload,
         )
         self._supervisor: Supervisor | None = None
         self._error: BaseException | None = None
@@ -271,6 +276,9 @@ class _WorkerIter(_BaseDataLoaderIter):
                     sample_indices=_flat(task.indices) if task else [],
                 )
         for worker_id, event in events:
+            if isinstance(event, Ready):
+                self._on_ready(worker_id, event)
+                continue
             if isinstance(event, Died):
                 raise self._death(worker_id, event)
             if isinstance(event, StartFailed):
@@ -296,6 +304,21 @@ class _WorkerIter(_BaseDataLoaderIter):
                     f"[steadyload internal error] unexpected message {event!r} from worker "
                     f"{worker_id}; please report with the output of `steadyload doctor`"
                 )
+
+    def _on_ready(self, worker_id: int, ready: Ready) -> None:
+        assert self._supervisor is not None
+        asked = self._supervisor.started_at(worker_id)
+        start_s = self._supervisor.clock() - asked if asked is not None else None
+        record = self.record
+        record.workers[worker_id] = WorkerReport(worker_id, ready.pid, start_s)
+        if ready.preload_missing and record.preload_missing is None:
+            _LOG.warning(
+                "the fork server could not import %s (CPython skips failed preloads "
+                "silently); every worker imports them itself, which is slower",
+                ", ".join(ready.preload_missing),
+            )
+        if ready.preload_missing is not None:
+            record.preload_missing = ready.preload_missing
 
     def _note_arrival(self, task_id: int) -> None:
         if not self._in_order:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "MainGuardError",
+    "NotPicklableError",
     "SteadyloadError",
     "UnsafeForkError",
     "WorkerDiedError",
@@ -101,4 +103,26 @@ class UnsafeForkError(SteadyloadError, RuntimeError):
 
     fork() copies the GPU driver's state into the child, where it is unusable: the worker
     hangs (often with the GPU at 100%) instead of failing. steadyload refuses up front.
+    """
+
+
+class NotPicklableError(SteadyloadError, TypeError):
+    """The dataset, collate_fn or worker_init_fn cannot be sent to forkserver/spawn workers.
+
+    Also a `TypeError`, which is what pickle raises for most such objects.
+
+    Attributes:
+        path: where the offending object sits, e.g. ``"dataset.index.conn"``.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class MainGuardError(SteadyloadError, RuntimeError):
+    """Workers were started from a script's top level, outside ``if __name__ == "__main__":``.
+
+    forkserver and spawn workers import the main script; without the guard that import
+    would run the training code again in every worker.
     """

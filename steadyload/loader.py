@@ -8,6 +8,7 @@ keyword-only, after torch's, and are collected in `LoaderOptions`.
 
 from __future__ import annotations
 
+import multiprocessing
 import multiprocessing.context
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import torch.utils.data
 
 from . import start
 from ._iterators import _InProcessIter, _WorkerIter
+from .report import LoaderReport, RunRecord
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -101,8 +103,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         )
         self._options = options
         self._start: tuple[multiprocessing.context.BaseContext, start.StartInfo] | None = None
-        if num_workers > 0:
-            # Starts the fork server now, so its imports overlap with the caller's set-up.
+        self._last_run: RunRecord | None = None
+        if num_workers > 0 and not getattr(multiprocessing.current_process(), "_inheriting", False):
+            # Start the fork server now, so that its imports overlap with the caller's
+            # set-up (building the model). Not while this process is itself a worker
+            # importing the main script: a loader built at top level is harmless there.
             self._start_context()
 
     def _start_context(self) -> tuple[multiprocessing.context.BaseContext, start.StartInfo]:
@@ -117,4 +122,22 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self.num_workers == 0:
             return _InProcessIter(self)
         self.check_worker_number_rationality()
-        return _WorkerIter(self)
+        iterator = _WorkerIter(self)
+        self._last_run = iterator.record
+        return iterator
+
+    def report(self) -> LoaderReport:
+        """How the latest run's workers started: start method, fork-server preloads (and
+        which of them failed to import), each worker's pid and start time.
+
+        Cheap; safe to call at any time, also while iterating or after the run.
+        """
+        if self._last_run is not None:
+            return self._last_run.to_report()
+        info = self._start[1] if self._start is not None else None
+        return LoaderReport(
+            start_method=info.method if info else "in-process",
+            preload_requested=info.preload if info else (),
+            preload_missing=None,
+            workers=(),
+        )

@@ -9,19 +9,24 @@ starts, and what was asked for is recorded for error reports and `doctor`.
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib.util
 import logging
 import multiprocessing
 import multiprocessing.context
 import sys
 import threading
+import types
+import warnings
 from dataclasses import dataclass
 from multiprocessing import forkserver
 from typing import Literal
 
 import torch
 
-from .errors import UnsafeForkError
+from .errors import MainGuardError, UnsafeForkError
+from .pickling import main_is_importable
 
 _LOG = logging.getLogger(__name__)
 
@@ -30,6 +35,12 @@ START_METHODS: tuple[str, ...] = ("auto", "fork", "spawn", "forkserver")
 
 # Imported by every worker: preloading it in the fork server makes a worker start a fork.
 _ALWAYS_PRELOAD = ("torch", "steadyload.engine.worker")
+_PROBE = "steadyload._preload_probe"  # last: records what the server really imported
+# Imported by the parent, but not to be imported by a fork server (GPU or UI state).
+_NEVER_PRELOAD = frozenset(
+    {"tensorflow", "jax", "jaxlib", "cupy", "pycuda", "IPython", "ipykernel", "pytest",
+     "_pytest", "pdb", "tkinter", "matplotlib", "multiprocess", "steadyload"}
+)
 
 _preload_lock = threading.Lock()
 
@@ -66,12 +77,49 @@ def _forkserver_running() -> bool:
     return forkserver._forkserver._forkserver_pid is not None  # type: ignore[attr-defined]
 
 
+def _installed_package(name: str) -> bool:
+    """True for a package installed in site-packages (not a local module with side effects)."""
+    module = sys.modules.get(name)
+    path = getattr(module, "__file__", None) or ""
+    return "site-packages" in path or "dist-packages" in path
+
+
+def main_imports() -> tuple[str, ...]:
+    """Installed packages the main script has imported (``import transformers``,
+    ``from peft import ...``): the fork server imports them once instead of every worker.
+
+    Only top-level packages from site-packages count: they are imported for their
+    definitions. Local modules could run anything on import, so they are left out.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        return ()
+    names: set[str] = set()
+    for value in list(vars(main).values()):
+        module: object
+        if isinstance(value, types.ModuleType):
+            module = value.__name__
+        elif isinstance(value, type) or callable(value):
+            module = getattr(value, "__module__", None)
+        else:
+            continue
+        if isinstance(module, str):
+            names.add(module.split(".")[0])
+    return tuple(
+        sorted(n for n in names if n not in _NEVER_PRELOAD and _installed_package(n))
+    )
+
+
 def _ensure_forkserver(extra_modules: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
     """Merge our preloads into the fork server's list and start it if it is not running."""
     with _preload_lock:
         server = forkserver._forkserver  # the process-wide singleton
         was_running = _forkserver_running()
-        wanted = tuple(m for m in (*_ALWAYS_PRELOAD, *extra_modules) if _importable(m))
+        wanted = tuple(
+            dict.fromkeys(
+                m for m in (*_ALWAYS_PRELOAD, *extra_modules, _PROBE) if _importable(m)
+            )
+        )
         if not was_running:
             current = list(server._preload_modules)  # type: ignore[attr-defined]  # private
             merged = current + [m for m in wanted if m not in current]
@@ -101,7 +149,7 @@ def resolve_context(
     preload: tuple[str, ...] = ()
     was_running = False
     if method == "forkserver":
-        extra = (dataset_module,) if dataset_module else ()
+        extra = (*main_imports(), *((dataset_module,) if dataset_module else ()))
         preload, was_running = _ensure_forkserver(extra)
     return ctx, StartInfo(method=method, preload=preload, server_was_running=was_running)
 
@@ -135,6 +183,108 @@ def check_fork_safe(method: str) -> None:
         "Why: fork() copies the GPU driver's state into each worker, where it cannot be "
         "used; the workers deadlock (often with the GPU busy at 100%) instead of failing.\n"
         "Fix: drop multiprocessing_context='fork' / start_method='fork' and let steadyload "
-        "use forkserver (the default), or create the loader's iterator before anything "
-        "touches the GPU."
+        "use forkserver (the default). If you must fork, fork before the GPU is used: "
+        "start persistent workers (persistent_workers=True, then iter(loader)) first."
+    )
+
+
+_warned_threads: set[tuple[str, ...]] = set()
+
+
+def warn_if_threads_before_fork(method: str) -> None:
+    """Warn (once per set of threads) that fork copies only the calling thread."""
+    if method != "fork":
+        return
+    others = tuple(
+        sorted(t.name for t in threading.enumerate() if t is not threading.current_thread())
+    )
+    if not others or others in _warned_threads:
+        return
+    _warned_threads.add(others)
+    warnings.warn(
+        f"steadyload: forking DataLoader workers while {len(others)} other thread(s) run "
+        f"in this process: {', '.join(others)}. fork copies only the calling thread; a lock "
+        "held by another thread at that moment (logging, a tokenizer's thread pool, an "
+        "I/O library) stays locked forever in the worker, which then hangs. Fix: use "
+        "start_method='forkserver' (the default) or 'spawn'.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _guarded_lines(path: str) -> tuple[tuple[int, int], ...]:
+    """Line ranges of ``if __name__ == "__main__":`` bodies in the file at ``path``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    ranges = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_test(node.test):
+            ranges.append((node.lineno, node.end_lineno or node.lineno))
+    return tuple(ranges)
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return False
+    if not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    consts = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and consts == ["__main__"]
+
+
+def unguarded_main_site() -> tuple[str, int] | None:
+    """(file, line) when the main script starts workers outside ``if __name__ == "__main__":``.
+
+    Children started by forkserver or spawn import the main script to find what it
+    defines; code at its top level then runs again in every worker, and starts workers
+    of its own. Found from the call stack and the script's syntax tree.
+    """
+    if not main_is_importable():
+        return None
+    frame = sys._getframe(1)
+    site = None
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+            site = frame
+        frame = frame.f_back  # type: ignore[assignment]  # None ends the loop
+    if site is None:
+        return None
+    path, line = site.f_code.co_filename, site.f_lineno
+    if any(lo <= line <= hi for lo, hi in _guarded_lines(path)):
+        return None
+    return path, line
+
+
+def check_main_guard(method: str) -> None:
+    """Refuse to start forkserver/spawn workers from unguarded top-level script code.
+
+    Raises:
+        MainGuardError: with the file and line, and the fix.
+    """
+    if method not in ("forkserver", "spawn"):
+        return
+    bootstrapping = getattr(multiprocessing.current_process(), "_inheriting", False)
+    site = unguarded_main_site()
+    if site is None and not bootstrapping:
+        return
+    where = f"{site[0]}, line {site[1]}" if site else "the main script"
+    raise MainGuardError(
+        f"DataLoader workers started from the top level of {where}, outside "
+        "`if __name__ == \"__main__\":`.\n"
+        f"Why: {method} workers import the main script to find the dataset class; without "
+        "the guard, that import runs the training code again in every worker and starts "
+        "workers of its own.\n"
+        "Fix: move the training code under the guard, keeping the dataset class and "
+        "imports at module level:\n\n"
+        "    class MyDataset(torch.utils.data.Dataset):\n"
+        "        ...\n\n"
+        "    if __name__ == \"__main__\":\n"
+        "        loader = steadyload.DataLoader(MyDataset(...), num_workers=2)\n"
+        "        train(loader)\n"
     )

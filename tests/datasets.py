@@ -233,3 +233,80 @@ class PidDS(Dataset[Any]):
         if self.delay_s:
             time.sleep(self.delay_s)
         return torch.tensor([i, os.getpid()])
+
+
+# -- fork-safety helpers (issue: per-worker resources, picklability) ------------------------
+
+import sqlite3  # noqa: E402
+import threading  # noqa: E402
+import uuid  # noqa: E402
+
+import steadyload as sl  # noqa: E402
+
+
+class _Built:
+    """A resource that remembers which build it came from."""
+
+    def __init__(self, payload: Any) -> None:
+        self.build = uuid.uuid4().hex
+        self.payload = payload
+
+
+def _word_tokenizer() -> Any:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "the": 1, "square": 2, "is": 3, "red": 4, "blue": 5}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tok
+
+
+class ResourceDS(Dataset[Any]):
+    """Each sample uses per-worker resources that cannot (or should not) be pickled."""
+
+    db = sl.per_worker(lambda: _Built(sqlite3.connect(":memory:")))
+    lock = sl.per_worker(lambda: _Built(threading.Lock()))
+    source = sl.per_worker(lambda: _Built(open(__file__, encoding="utf-8")))  # noqa: SIM115
+    tokenizer = sl.per_worker(lambda: _Built(_word_tokenizer()))
+    TEXTS = ("the square is red", "the square is blue", "the circle is red")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        (value,) = self.db.payload.execute("select ?", (i,)).fetchone()
+        with self.lock.payload:
+            self.source.payload.seek(0)
+            first_line = self.source.payload.readline().strip()
+        ids = self.tokenizer.payload.encode(self.TEXTS[i % 3]).ids
+        builds = "|".join(r.build for r in (self.db, self.lock, self.source, self.tokenizer))
+        return {
+            "i": value, "ids": torch.tensor(ids), "pid": os.getpid(), "builds": builds,
+            "first_line": first_line,
+        }
+
+
+class HoldsConnection(Dataset[Any]):
+    """A dataset with a live sqlite3 connection two attributes down: not picklable."""
+
+    class Index:
+        def __init__(self) -> None:
+            self.conn = sqlite3.connect(":memory:")
+
+    def __init__(self) -> None:
+        self.index = HoldsConnection.Index()
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return i
+
+
+class HoldsLock(MapDS):
+    def __init__(self) -> None:
+        super().__init__(4, "int")
+        self.lock = threading.Lock()

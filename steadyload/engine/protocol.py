@@ -1,7 +1,7 @@
 """Messages between the supervisor (parent) and a worker (child).
 
 Each worker has one duplex pipe (a Unix socketpair) of its own. Parent -> worker: `Task`,
-`Reset`, `Stop`. Worker -> parent: `Done`, `Exhausted`, `Failed`, `StartFailed`. Shared
+`Reset`, `Stop`. Worker -> parent: `Ready`, `Done`, `Exhausted`, `Failed`, `StartFailed`. Shared
 memory segments that a `Done` announces travel right after it on the same socket as
 SCM_RIGHTS file descriptors (see `transport.py`). State diagram: docs/design/protocol.md.
 """
@@ -76,6 +76,15 @@ class Failed:
     traceback: str
     where: str
     """Which sample: "while loading sample 17", "while collating samples [..]"."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The worker is set up (seeded, worker_init_fn run) and waits for tasks."""
+
+    pid: int
+    preload_missing: tuple[str, ...] | None
+    """Requested fork-server preloads the server did not import; None when unknown."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from ..pickling import unimportable_main_hidden
 from .lifecycle import stop_processes
 from .protocol import Done, Reset, Stop, Task
 from .transport import SegmentMap
@@ -40,10 +41,15 @@ class Died:
 class _Handle:
     """One worker process and the parent's end of its pipe."""
 
-    __slots__ = ("worker_id", "process", "conn", "sock", "segments", "readable", "pid")
+    __slots__ = (
+        "worker_id", "process", "conn", "sock", "segments", "readable", "pid", "started_at",
+    )
 
-    def __init__(self, worker_id: int, process: BaseProcess, conn: Connection) -> None:
+    def __init__(
+        self, worker_id: int, process: BaseProcess, conn: Connection, started_at: float
+    ) -> None:
         self.worker_id = worker_id
+        self.started_at = started_at
         self.process = process
         self.pid = process.pid
         self.conn = conn
@@ -109,7 +115,12 @@ class Supervisor:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start all workers. On failure, those already started are stopped again."""
-        deferred = Deferred(self._config)
+        cfg = self._config
+        deferred = Deferred(
+            cfg,
+            {"dataset": cfg.dataset, "collate_fn": cfg.collate_fn,
+             "worker_init_fn": cfg.worker_init_fn},
+        )
         try:
             for worker_id in range(self._num_workers):
                 self._spawn(worker_id, deferred)
@@ -120,6 +131,7 @@ class Supervisor:
 
     def _spawn(self, worker_id: int, deferred: Deferred) -> None:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        started_at = self._clock()
         process = self._ctx.Process(  # type: ignore[attr-defined]  # BaseContext stubs lack Process
             target=worker_main,
             args=(deferred, child_conn, worker_id),
@@ -127,13 +139,14 @@ class Supervisor:
             daemon=True,
         )
         try:
-            process.start()
+            with unimportable_main_hidden():
+                process.start()
         except BaseException:
             parent_conn.close()
             raise
         finally:
             child_conn.close()
-        handle = _Handle(worker_id, process, parent_conn)
+        handle = _Handle(worker_id, process, parent_conn, started_at)
         self._handles[worker_id] = handle
         self._live.append(handle)
         _LOG.debug("started worker %d (pid %s)", worker_id, process.pid)
@@ -148,6 +161,16 @@ class Supervisor:
         """The worker's process id."""
         h = self._handles[worker_id]
         return h.pid if h is not None else None
+
+    def started_at(self, worker_id: int) -> float | None:
+        """When the worker was asked for, on the supervisor's clock. [Unit: second]"""
+        h = self._handles[worker_id]
+        return h.started_at if h is not None else None
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock the supervisor measures with."""
+        return self._clock
 
     def send_task(self, worker_id: int, task_id: int, indices: Any) -> None:
         """Send a task, handing back the segments the parent has finished with."""

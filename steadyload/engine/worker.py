@@ -30,8 +30,9 @@ from typing import Any
 import torch
 from torch.utils.data._utils import worker as _torch_worker
 
+from ..pickling import dumps_for_worker
 from .fetch import ITERABLE, Fetcher
-from .protocol import Done, Exhausted, Failed, NewSegment, Reset, StartFailed, Stop, Task
+from .protocol import Done, Exhausted, Failed, NewSegment, Ready, Reset, StartFailed, Stop, Task
 from .transport import HAVE_MEMFD, Arena, install_collate_hook, send_segments
 
 _LOG = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ class WorkerConfig:
     base_seed: int
     worker_init_fn: Any
     num_workers: int
+    preload: tuple[str, ...] = ()
+    """Modules asked of the fork server, checked by the worker (see _preload_probe)."""
 
 
 class Deferred:
@@ -61,12 +64,13 @@ class Deferred:
     failure and report it to the parent. Under fork nothing is pickled at all.
     """
 
-    def __init__(self, obj: Any) -> None:
+    def __init__(self, obj: Any, parts: dict[str, Any] | None = None) -> None:
         self._obj = obj
+        self._parts = parts or {"arguments": obj}  # named for error messages
         self._data: bytes | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[bytes]]:
-        return (_rebuild_deferred, (bytes(ForkingPickler.dumps(self._obj)),))
+        return (_rebuild_deferred, (dumps_for_worker(self._parts, self._obj),))
 
     def get(self) -> Any:
         """The object (unpickled here in the child, if it was pickled)."""
@@ -76,7 +80,7 @@ class Deferred:
 
 
 def _rebuild_deferred(data: bytes) -> Deferred:
-    d = Deferred(None)
+    d = Deferred(None, {})
     d._data = data
     return d
 
@@ -160,6 +164,16 @@ def _failure(task_id: int, exc: BaseException, where: str) -> Failed:
     )
 
 
+def _preload_missing(requested: tuple[str, ...]) -> tuple[str, ...] | None:
+    if not requested:
+        return None
+    from .. import _preload_probe
+
+    if not _preload_probe.IN_FORK_SERVER:
+        return None  # the fork server was not started by steadyload: unknown
+    return tuple(m for m in requested if m not in _preload_probe.IMPORTED)
+
+
 def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
     """Entry point of a worker process."""
     # Ctrl-C goes to the whole process group; the parent decides how workers stop.
@@ -213,6 +227,7 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
 
     iteration_end = False
     try:
+        conn.send(Ready(pid=os.getpid(), preload_missing=_preload_missing(cfg.preload)))
         while True:
             msg = inbox.get()
             if isinstance(msg, Stop):

@@ -12,11 +12,16 @@ import steadyload
 
 DOCUMENTED = [
     "DataLoader",
+    "LoaderReport",
+    "MainGuardError",
+    "NotPicklableError",
     "SteadyloadError",
     "UnsafeForkError",
     "WorkerDiedError",
     "WorkerHangError",
+    "WorkerReport",
     "WorkerStartError",
+    "per_worker",
 ]
 
 
@@ -42,10 +47,14 @@ def test_signature_is_torchs_positionally_then_keyword_only_extras() -> None:
 
 
 def test_error_hierarchy() -> None:
-    for name in ("WorkerDiedError", "WorkerHangError", "WorkerStartError", "UnsafeForkError"):
+    for name in (
+        "WorkerDiedError", "WorkerHangError", "WorkerStartError", "UnsafeForkError",
+        "MainGuardError",
+    ):
         cls = getattr(steadyload, name)
         assert issubclass(cls, steadyload.SteadyloadError) and issubclass(cls, RuntimeError)
     assert issubclass(steadyload.WorkerHangError, TimeoutError)
+    assert issubclass(steadyload.NotPicklableError, TypeError)
 
 
 def test_public_functions_and_classes_are_documented() -> None:

@@ -1,0 +1,72 @@
+"""`LoaderReport`: what a loader did, as data; `str()` formats it for people."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """One worker process of the latest run."""
+
+    worker_id: int
+    pid: int | None
+    start_s: float | None
+    """From asking for the process to its Ready message. [Unit: second]"""
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderReport:
+    """What `DataLoader.report()` returns: how the workers started and ran.
+
+    Attributes:
+        start_method: "fork", "forkserver", "spawn", or "in-process" (num_workers=0).
+        preload_requested: modules steadyload asked the fork server to import.
+        preload_missing: those the fork server did not import (CPython skips a failing
+            preload silently); None when unknown (the server was started by someone else).
+        workers: one entry per worker of the latest run.
+    """
+
+    start_method: str
+    preload_requested: tuple[str, ...]
+    preload_missing: tuple[str, ...] | None
+    workers: tuple[WorkerReport, ...]
+
+    def __str__(self) -> str:
+        lines = [f"steadyload loader report: start method {self.start_method}"]
+        if self.preload_requested:
+            lines.append(f"  fork server preload: {', '.join(self.preload_requested)}")
+            if self.preload_missing is None:
+                lines.append("  preload result: unknown (fork server started elsewhere)")
+            elif self.preload_missing:
+                lines.append(
+                    f"  NOT preloaded (import failed in the fork server): "
+                    f"{', '.join(self.preload_missing)}; each worker imports them itself"
+                )
+            else:
+                lines.append("  preload result: all imported")
+        if self.workers:
+            lines.append("  worker   pid       start")
+            for w in self.workers:
+                start = f"{w.start_s:.3f} s" if w.start_s is not None else "-"
+                lines.append(f"  {w.worker_id:6d}   {w.pid or '-':<8}  {start}")
+        return "\n".join(lines)
+
+
+class RunRecord:
+    """What one iterator records while it runs; outlives it, for `DataLoader.report`."""
+
+    def __init__(self, start_method: str, preload: tuple[str, ...]) -> None:
+        self.start_method = start_method
+        self.preload = preload
+        self.preload_missing: tuple[str, ...] | None = None
+        self.workers: dict[int, WorkerReport] = {}
+
+    def to_report(self) -> LoaderReport:
+        """A frozen snapshot."""
+        return LoaderReport(
+            start_method=self.start_method,
+            preload_requested=self.preload,
+            preload_missing=self.preload_missing,
+            workers=tuple(self.workers[k] for k in sorted(self.workers)),
+        )
