@@ -54,7 +54,8 @@ if __name__ == "__main__":
     t_model = time.perf_counter()
     config = Qwen2Config(vocab_size=5000, hidden_size=256, intermediate_size=512,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2)
-    model = get_peft_model(Qwen2ForCausalLM(config), LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    lora = LoraConfig(r=8, target_modules=["q_proj", "v_proj"])
+    model = get_peft_model(Qwen2ForCausalLM(config), lora)
     t_iter = time.perf_counter()
     batch = next(iter(loader))
     t_first = time.perf_counter()
@@ -89,7 +90,8 @@ def main() -> None:
     base = med["forkserver"]
     print(f"\nmedians of {args.reps}; model build (in the parent) took "
           f"{med['steadyload']['model_s']:.2f} s")
-    print(f"{'loader':28s} {'first-batch wait':>17s} {'ratio':>7s} {'script start->batch':>20s} {'ratio':>7s}")
+    print(f"{'loader':28s} {'first-batch wait':>17s} {'ratio':>7s} "
+          f"{'script start->batch':>20s} {'ratio':>7s}")
     names = {"forkserver": "torch, forkserver", "fork": "torch, fork (not GPU-safe)",
              "steadyload": "steadyload (forkserver)"}
     for kind in KINDS:
