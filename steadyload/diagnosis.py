@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from ._system import Space, gib
 from .errors import WorkerDiedError, WorkerHangError
 
 _MAX_INDICES_SHOWN = 16
@@ -44,48 +46,124 @@ def _torch_first_line(pid: int | None, exitcode: int | None) -> str:
     return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}."
 
 
-def _cause_and_fix(exitcode: int | None, start_method: str) -> tuple[str, str]:
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What was known about a worker when it died. Every field may be unknown (None)."""
+
+    rss_bytes: int | None = None
+    """The worker's resident memory at the last sample before it died."""
+    memory_limit_bytes: int | None = None
+    """The cgroup limit, else the machine's memory."""
+    oom_kills_before: int | None = None
+    oom_kills_after: int | None = None
+    shm: Space | None = None
+    stacks: str = ""
+    libraries: tuple[str, ...] = ()
+    stage: str = ""
+    """What the worker was doing: "loading", "collating", "sending", "idle"."""
+
+    def as_dict(self) -> dict[str, object]:
+        """The evidence as plain data, for reports."""
+        return {
+            "rss_bytes": self.rss_bytes, "memory_limit_bytes": self.memory_limit_bytes,
+            "oom_kills_before": self.oom_kills_before, "oom_kills_after": self.oom_kills_after,
+            "shm_free_bytes": self.shm.free_bytes if self.shm else None,
+            "libraries": list(self.libraries), "stage": self.stage,
+        }
+
+
+def _memory_figure(ev: Evidence) -> str:
+    if ev.rss_bytes is None:
+        return "its memory was not measured before it died"
+    limit = f" of a {gib(ev.memory_limit_bytes)} limit" if ev.memory_limit_bytes else ""
+    return f"its last measured memory was {gib(ev.rss_bytes)}{limit}"
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    # faulthandler ends with the list of loaded extension modules: not worth the space.
+    body = [line for line in text.strip().splitlines() if not line.startswith("Extension modules")]
+    kept = body[-lines:]
+    return "\n".join("    " + line for line in kept)
+
+
+def _cause_and_fix(exitcode: int | None, start_method: str, ev: Evidence) -> tuple[str, str]:
     name = signal_name(exitcode)
+    memory_fix = (
+        "lower num_workers, batch_size or prefetch_factor, or the memory each sample needs; "
+        "if the workers grow epoch after epoch, keep large Python lists/dicts of metadata "
+        "out of the dataset object (copy-on-read), or cap them with max_worker_memory."
+    )
     if name == "SIGKILL":
+        before, after = ev.oom_kills_before, ev.oom_kills_after
+        near_limit = (
+            ev.rss_bytes is not None and ev.memory_limit_bytes is not None
+            and ev.rss_bytes >= 0.8 * ev.memory_limit_bytes
+        )
+        if before is not None and after is not None and after > before:
+            cause = (
+                f"the out-of-memory killer (cgroup memory.events oom_kill went {before} -> "
+                f"{after}; {_memory_figure(ev)})."
+            )
+            return cause, memory_fix
+        if near_limit:
+            return f"probably the out-of-memory killer: {_memory_figure(ev)}.", memory_fix
+        recorded = (
+            "no out-of-memory kill was recorded in this cgroup, and " if after is not None else ""
+        )
         cause = (
-            "SIGKILL comes from the out-of-memory killer (the kernel log, `dmesg`, says "
-            "'Out of memory: Killed process') or from another process (a job scheduler, "
-            "a user's kill -9)."
+            f"another process sent SIGKILL ({recorded}{_memory_figure(ev)}): a job "
+            "scheduler, a watchdog, a user's kill -9, or the out-of-memory killer of a "
+            "machine whose kernel log (`dmesg`) says 'Out of memory: Killed process'."
         )
-        fix = (
-            "if memory ran out, lower num_workers, batch_size or prefetch_factor, or the "
-            "memory each sample needs."
+        return cause, "find out who sends the signal; if memory ran out, " + memory_fix
+    if name == "SIGBUS":
+        space = ""
+        if ev.shm:
+            space = (
+                f" ({gib(ev.shm.free_bytes)} free of {gib(ev.shm.total_bytes)} in "
+                f"{ev.shm.path} now)"
+            )
+        cause = (
+            f"a bus error in a data loader almost always means shared memory (/dev/shm) ran "
+            f"out{space}. steadyload's own batches do not use /dev/shm, so it is the "
+            "dataset's or another library's shared memory."
         )
-    elif name == "SIGBUS":
-        cause = "a bus error in a data loader almost always means shared memory (/dev/shm) ran out."
         fix = (
             "give the container more shared memory (docker run --shm-size=8g) or lower "
             "batch_size, prefetch_factor or num_workers."
         )
-    elif name in ("SIGSEGV", "SIGABRT", "SIGFPE", "SIGILL"):
+        return cause, fix
+    if name in ("SIGSEGV", "SIGABRT", "SIGFPE", "SIGILL"):
+        libs = ""
+        if ev.libraries:
+            libs = f" Loaded crash-prone native libraries: {', '.join(ev.libraries)}."
+        stack = ""
+        if ev.stacks.strip():
+            stack = f"\nWorker stack at the crash (faulthandler):\n{_tail(ev.stacks)}"
         cause = (
-            f"{name} is a crash in native code (a C/C++ extension used by the dataset, "
-            "or a library that is not safe to use after fork)."
+            f"{name} is a crash in native code (a C/C++ extension used by the dataset, or a "
+            f"library that is not safe to use after fork).{libs}{stack}"
         )
         fix = (
-            "run with num_workers=0 to get the native stack, and prefer the forkserver "
-            "start method (steadyload's default) over fork."
+            "load the sample with num_workers=0 to reproduce it in this process; with "
+            "OpenCV call cv2.setNumThreads(0) in worker_init_fn; keep the forkserver start "
+            "method (steadyload's default) rather than fork."
         )
-    elif name is not None:
-        cause, fix = f"the worker received {name}.", "find out which process sent it."
-    elif exitcode == 255 and start_method == "forkserver":
+        return cause, fix
+    if name is not None:
+        return f"the worker received {name}.", "find out which process sent it."
+    if exitcode == 255 and start_method == "forkserver":
         cause = "exit code 255 under forkserver usually means the fork server itself died."
-        fix = "check the fork server's stderr above; re-create the loader to start a new one."
-    else:
-        cause = (
-            f"the worker's Python process exited with status {exitcode} without reporting "
-            "an error: dataset code called sys.exit() or os._exit(), or the worker failed "
-            "while starting (its traceback, if any, is printed above on stderr)."
-        )
-        fix = (
-            "look for sys.exit/os._exit in the dataset, collate_fn and worker_init_fn; run "
-            "with num_workers=0 to see the error in this process."
-        )
+        return cause, "check the fork server's stderr above; re-create the loader."
+    cause = (
+        f"the worker's Python process exited with status {exitcode} without reporting "
+        "an error: dataset code called sys.exit() or os._exit(), or the worker failed "
+        "while starting (its traceback, if any, is printed above on stderr)."
+    )
+    fix = (
+        "look for sys.exit/os._exit in the dataset, collate_fn and worker_init_fn; run "
+        "with num_workers=0 to see the error in this process."
+    )
     return cause, fix
 
 
@@ -97,24 +175,41 @@ def worker_died(
     sample_indices: Sequence[object],
     batches_held: int,
     start_method: str,
+    evidence: Evidence | None = None,
+    sample: object = None,
+    outcome: str = "",
 ) -> WorkerDiedError:
-    """Build the `WorkerDiedError` for a worker that exited while it held work."""
+    """Build the `WorkerDiedError` for a worker that exited while it held work.
+
+    ``sample`` is the index the worker was loading when it died, when known; ``outcome``
+    says what steadyload did about it (restart, skip, gave up), as a last line.
+    """
+    ev = evidence or Evidence()
     name = signal_name(exitcode)
     how = f"was killed by {name}" if name else f"exited with status {exitcode}"
-    if batches_held:
+    plural = "es" if batches_held != 1 else ""
+    if sample is not None:
+        what = f"while loading sample {sample!r}"
+        if batches_held:
+            what += f" (it held {batches_held} batch{plural}: samples "
+            what += f"{format_indices(sample_indices)})"
+    elif batches_held:
+        doing = f"while {ev.stage} " if ev.stage and ev.stage != "loading" else "while loading "
         what = (
-            f"while loading {batches_held} batch{'es' if batches_held != 1 else ''} "
+            f"{doing}{batches_held} batch{'es' if batches_held != 1 else ''} "
             f"(samples {format_indices(sample_indices)})"
         )
     else:
         what = "while it held no batch"
-    cause, fix = _cause_and_fix(exitcode, start_method)
+    cause, fix = _cause_and_fix(exitcode, start_method, ev)
     message = (
         f"{_torch_first_line(pid, exitcode)}\n"
         f"steadyload: worker {worker_id} (pid {pid}) {how} {what}.\n"
         f"Likely cause: {cause}\n"
         f"Fix: {fix}"
     )
+    if outcome:
+        message += f"\n{outcome}"
     return WorkerDiedError(
         message,
         worker_id=worker_id,
@@ -122,7 +217,8 @@ def worker_died(
         exitcode=exitcode,
         signal_name=name,
         sample_indices=sample_indices,
-        evidence={"start_method": start_method, "batches_held": batches_held},
+        evidence={"start_method": start_method, "batches_held": batches_held,
+                  "sample": sample, **ev.as_dict()},
     )
 
 
@@ -145,4 +241,35 @@ def timed_out(
     )
     return WorkerHangError(
         message, timeout_s=timeout_s, worker_id=worker_id, sample_indices=sample_indices
+    )
+
+
+def worker_hung(
+    *,
+    worker_id: int,
+    pid: int | None,
+    hang_timeout_s: float | None,
+    sample: object,
+    sample_indices: Sequence[object],
+    stack: str,
+    times: int,
+) -> WorkerHangError:
+    """Build the `WorkerHangError` for a task that outlived ``hang_timeout`` ``times`` times."""
+    what = (
+        f"sample {sample!r}" if sample is not None
+        else f"samples {format_indices(sample_indices)}"
+    )
+    again = "twice, on two fresh workers" if times >= 2 else "and no restart was left"
+    message = (
+        f"steadyload: worker {worker_id} (pid {pid}) hung while loading {what}: it ran for "
+        f"more than hang_timeout={hang_timeout_s} s {again}.\n"
+        f"Where it was stuck (all threads, most recent call first):\n{_tail(stack, 40)}\n"
+        "Likely cause: a sample that never finishes loading (an endless loop, a network or "
+        "disk read without a timeout, a lock held forever, a deadlock in a native library).\n"
+        "Fix: look at the innermost frames above; add a timeout to the I/O, or raise "
+        "hang_timeout if such samples are just slow."
+    )
+    return WorkerHangError(
+        message, timeout_s=hang_timeout_s or 0.0, worker_id=worker_id,
+        sample_indices=sample_indices,
     )

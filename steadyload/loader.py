@@ -17,10 +17,15 @@ from typing import Any, TypeVar
 import torch.utils.data
 
 from . import start
-from ._iterators import _InProcessIter, _WorkerIter
+from ._iterators import _InProcessIter
+from ._system import parse_bytes
+from ._worker_iter import _WorkerIter
 from .report import LoaderReport, RunRecord
 
 _T_co = TypeVar("_T_co", covariant=True)
+
+
+ON_ERROR = ("raise", "skip")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +35,35 @@ class LoaderOptions:
     start_method: str = "auto"
     """How workers start: "auto" (forkserver on Linux, else spawn), "forkserver", "spawn"
     or "fork". torch's ``multiprocessing_context``, when given, takes precedence."""
+    max_restarts: int = 3
+    """Dead or hung workers replaced per epoch before giving up (see DataLoader)."""
+    on_error: str = "raise"
+    """"raise": a dataset exception reaches the caller; "skip": the sample is left out."""
+    hang_timeout: float | None = None
+    """Seconds a task may run before the worker's stack is dumped and it is replaced."""
+    max_worker_memory_bytes: int | None = None
+    """USS above which a worker is replaced between tasks. [Unit: byte]"""
 
     def __post_init__(self) -> None:
         if self.start_method not in start.START_METHODS:
             raise ValueError(
                 f"start_method must be one of {', '.join(map(repr, start.START_METHODS))}, "
                 f"got {self.start_method!r}"
+            )
+        if (
+            not isinstance(self.max_restarts, int) or isinstance(self.max_restarts, bool)
+            or self.max_restarts < 0
+        ):
+            raise ValueError(f"max_restarts must be an int >= 0, got {self.max_restarts!r}")
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        if self.hang_timeout is not None and (
+            isinstance(self.hang_timeout, bool)
+            or not isinstance(self.hang_timeout, (int, float))
+            or not self.hang_timeout > 0
+        ):
+            raise ValueError(
+                f"hang_timeout must be > 0 seconds or None, got {self.hang_timeout!r}"
             )
 
 
@@ -54,6 +82,24 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         start_method: "auto" (default: forkserver on Linux, spawn elsewhere), "forkserver",
             "spawn" or "fork". fork is refused while a CUDA/ROCm context exists, because
             forked workers then deadlock. An explicit ``multiprocessing_context`` wins.
+        max_restarts: how many dead or hung workers are replaced per epoch (default 3).
+            The replacement has the same worker id and seed and re-runs every batch the
+            dead worker held, so no sample is lost or repeated and the order stays. Three
+            rides through rare kills (an OOM spike, a watchdog) without losing the epoch,
+            while a systematic fault (every new worker dies) still stops within seconds
+            with the diagnosis. 0 turns recovery off. A sample that kills a worker twice
+            is never tried a third time (see ``on_error``). IterableDataset streams cannot
+            be replayed: a death there always raises.
+        on_error: "raise" (default): an exception in ``__getitem__`` reaches you as its
+            own type, with the sample index noted. "skip": the sample is left out of its
+            batch (the batch gets smaller; a batch left empty is dropped), logged, and
+            listed by `report()`; samples that kill a worker twice are skipped the same way.
+        hang_timeout: seconds a batch may take in a worker (default None: no limit). On
+            expiry the worker's stack (all threads) is logged, the worker is killed and the
+            batch retried on a fresh worker; a second hang of the same batch raises
+            `WorkerHangError` with the stack. torch's ``timeout`` keeps its meaning.
+        max_worker_memory: e.g. "4GiB": a worker whose memory (USS) passes it after a
+            batch is replaced between batches, losing nothing (for leaks in user code).
 
     Raises:
         ValueError: for the argument combinations torch rejects, with torch's messages.
@@ -80,8 +126,18 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         start_method: str = "auto",
+        max_restarts: int = 3,
+        on_error: str = "raise",
+        hang_timeout: float | None = None,
+        max_worker_memory: str | int | None = None,
     ) -> None:
-        options = LoaderOptions(start_method=start_method)
+        options = LoaderOptions(
+            start_method=start_method,
+            max_restarts=max_restarts,
+            on_error=on_error,
+            hang_timeout=hang_timeout,
+            max_worker_memory_bytes=parse_bytes(max_worker_memory, "max_worker_memory"),
+        )
         super().__init__(
             dataset,
             batch_size,
@@ -119,10 +175,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return self._start
 
     def _get_iterator(self) -> Any:
+        iterator: _InProcessIter | _WorkerIter
         if self.num_workers == 0:
-            return _InProcessIter(self)
-        self.check_worker_number_rationality()
-        iterator = _WorkerIter(self)
+            iterator = _InProcessIter(self)
+        else:
+            self.check_worker_number_rationality()
+            iterator = _WorkerIter(self)
         self._last_run = iterator.record
         return iterator
 

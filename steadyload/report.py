@@ -16,6 +16,29 @@ class WorkerReport:
 
 
 @dataclass(frozen=True, slots=True)
+class RestartReport:
+    """A worker that was replaced: why, and what was re-run."""
+
+    worker_id: int
+    pid: int | None
+    cause: str
+    """E.g. "killed by SIGKILL", "hung for 5.0 s", "memory 4.2 GiB above max_worker_memory"."""
+    sample: object
+    """The sample it was loading, when known."""
+    batches_rerun: int
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedSample:
+    """A sample left out of its batch (``on_error="skip"``)."""
+
+    index: object
+    """The dataset index (for a stream: "stream item N")."""
+    error_type: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class LoaderReport:
     """What `DataLoader.report()` returns: how the workers started and ran.
 
@@ -25,12 +48,16 @@ class LoaderReport:
         preload_missing: those the fork server did not import (CPython skips a failing
             preload silently); None when unknown (the server was started by someone else).
         workers: one entry per worker of the latest run.
+        restarts: workers replaced during the latest run, oldest first.
+        skipped: samples left out during the latest run (``on_error="skip"``).
     """
 
     start_method: str
     preload_requested: tuple[str, ...]
     preload_missing: tuple[str, ...] | None
     workers: tuple[WorkerReport, ...]
+    restarts: tuple[RestartReport, ...] = ()
+    skipped: tuple[SkippedSample, ...] = ()
 
     def __str__(self) -> str:
         lines = [f"steadyload loader report: start method {self.start_method}"]
@@ -50,6 +77,18 @@ class LoaderReport:
             for w in self.workers:
                 start = f"{w.start_s:.3f} s" if w.start_s is not None else "-"
                 lines.append(f"  {w.worker_id:6d}   {w.pid or '-':<8}  {start}")
+        for r in self.restarts:
+            sample = f" while loading sample {r.sample!r}" if r.sample is not None else ""
+            lines.append(
+                f"  restart: worker {r.worker_id} (pid {r.pid}) {r.cause}{sample}; "
+                f"{r.batches_rerun} batch(es) re-run"
+            )
+        if self.skipped:
+            lines.append(f"  skipped samples: {len(self.skipped)}")
+            for k in self.skipped[:20]:
+                lines.append(f"    {k.index!r}: {k.error_type}: {k.message}")
+            if len(self.skipped) > 20:
+                lines.append(f"    ... {len(self.skipped) - 20} more")
         return "\n".join(lines)
 
 
@@ -61,6 +100,8 @@ class RunRecord:
         self.preload = preload
         self.preload_missing: tuple[str, ...] | None = None
         self.workers: dict[int, WorkerReport] = {}
+        self.restarts: list[RestartReport] = []
+        self.skipped: list[SkippedSample] = []
 
     def to_report(self) -> LoaderReport:
         """A frozen snapshot."""
@@ -69,4 +110,6 @@ class RunRecord:
             preload_requested=self.preload,
             preload_missing=self.preload_missing,
             workers=tuple(self.workers[k] for k in sorted(self.workers)),
+            restarts=tuple(self.restarts),
+            skipped=tuple(self.skipped),
         )

@@ -43,6 +43,7 @@ _NEVER_PRELOAD = frozenset(
 )
 
 _preload_lock = threading.Lock()
+_started_by_us: dict[int, tuple[str, ...]] = {}  # fork server pid -> what we asked it to import
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,11 @@ def _ensure_forkserver(extra_modules: tuple[str, ...]) -> tuple[tuple[str, ...],
         # Starting the server returns at once; it imports the preloads in the background,
         # so this overlaps with whatever the caller does next (building the model).
         server.ensure_running()
-        return wanted, was_running
+        pid = server._forkserver_pid  # type: ignore[attr-defined]  # private
+        if not was_running:
+            _started_by_us[pid] = wanted
+        # A server started earlier has the preloads of that time (ours, or unknown).
+        return _started_by_us.get(pid, ()), was_running
 
 
 def resolve_context(

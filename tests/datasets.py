@@ -310,3 +310,93 @@ class HoldsLock(MapDS):
     def __init__(self) -> None:
         super().__init__(4, "int")
         self.lock = threading.Lock()
+
+
+# -- self-healing helpers: faults that happen once (a marker file per sample) ---------------
+
+
+class FaultOnce(Dataset[Any]):
+    """Sample i is ``i`` (a tensor); samples in ``faulty`` fault the first time they load.
+
+    The marker directory records which faults already happened, across worker processes,
+    so a retried sample loads normally (unless ``always``).
+    """
+
+    def __init__(self, n: int, faulty: set[int], how: str, marker_dir: str,
+                 always: bool = False) -> None:
+        self.n, self.faulty, self.how, self.marker_dir, self.always = n, faulty, how, marker_dir, always
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _first_time(self, i: int) -> bool:
+        try:
+            os.close(os.open(os.path.join(self.marker_dir, str(i)), os.O_CREAT | os.O_EXCL))
+            return True
+        except FileExistsError:
+            return self.always
+
+    def __getitem__(self, i: int) -> Any:
+        if i in self.faulty and self._first_time(i):
+            if self.how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif self.how == "segfault":
+                import ctypes
+
+                ctypes.string_at(0)
+            elif self.how == "spin":
+                while True:
+                    pass
+            elif self.how == "sleep":
+                time.sleep(3600)
+            elif self.how == "raise":
+                raise ValueError(f"sample {i} is corrupt")
+        return torch.tensor([i])
+
+
+class JsonLines(Dataset[Any]):
+    """One JSON object per line of a real file; corrupt lines raise json.JSONDecodeError."""
+
+    def __init__(self, path: str) -> None:
+        with open(path, encoding="utf-8") as f:
+            self.lines = f.read().splitlines()
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def __getitem__(self, i: int) -> Any:
+        import json
+
+        return torch.tensor(json.loads(self.lines[i])["value"])
+
+
+_LEAK: list[bytearray] = []
+
+
+class Leaky(Dataset[Any]):
+    """Every sample leaks ``mib`` MiB in the worker (a cache that never empties)."""
+
+    def __init__(self, n: int, mib: int) -> None:
+        self.n, self.mib = n, mib
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        _LEAK.append(bytearray(os.urandom(1)) * (self.mib << 20))
+        return torch.tensor([i])
+
+
+class OpensFiles(Dataset[Any]):
+    """Opens files and never closes them: runs out of descriptors under a low limit."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(64, hard), hard))
+        self.kept = [open(__file__, encoding="utf-8") for _ in range(100)]  # noqa: SIM115
+        return torch.tensor([i])

@@ -12,9 +12,18 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..diagnosis import format_indices
+from .status import COLLATING, POSITION, STAGE
 
 MAP = 0
 ITERABLE = 1  # the same values as torch.utils.data.dataloader._DatasetKind
+
+
+class AllSkipped(Exception):
+    """Every sample of the batch raised and was skipped (``on_error="skip"``)."""
+
+
+def _describe(exc: BaseException) -> tuple[str, str]:
+    return f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc)
 
 
 class Fetcher:
@@ -27,8 +36,15 @@ class Fetcher:
         auto_collation: bool,
         collate_fn: Callable[[Any], Any],
         drop_last: bool,
+        *,
+        skip_errors: bool = False,
+        fields: Any = None,
     ) -> None:
         self._kind = kind
+        self._skip = skip_errors
+        self._fields = fields  # the worker's status fields (POSITION, STAGE), or None
+        self.skipped: list[tuple[Any, str, str]] = []
+        """(index, exception type, message) of samples skipped by the last `fetch`."""
         self._dataset = dataset
         self._auto_collation = auto_collation
         self._collate_fn = collate_fn
@@ -59,26 +75,53 @@ class Fetcher:
         return "while collating a batch of the dataset's stream (collate_fn)"
 
     def fetch(self, index: Any) -> Any:
-        """Return the collated batch for ``index``; StopIteration when a stream has ended."""
+        """Return the collated batch for ``index``; StopIteration when a stream has ended.
+
+        With ``skip_errors``, a sample whose loading raises is left out of its batch and
+        recorded in `skipped`; `AllSkipped` when no sample of the batch is left.
+        """
+        self.skipped = []
         if self._iterator is not None:
             return self._fetch_iterable(self._iterator, index)
         dataset = self._dataset
+        fields = self._fields
         if self._auto_collation:
             getitems = getattr(dataset, "__getitems__", None)
-            if getitems:
+            data: Any
+            if getitems and not self._skip:
                 self._stage, self._current = "getitems", index
                 data = getitems(index)
             else:
                 data = []
                 self._stage = "sample"
-                for i in index:
+                for position, i in enumerate(index):
                     self._current = i
-                    data.append(dataset[i])
+                    if fields is not None:
+                        fields[POSITION] = position
+                    if not self._skip:
+                        data.append(dataset[i])
+                        continue
+                    try:
+                        data.append(dataset[i])
+                    except Exception as exc:
+                        self.skipped.append((i, *_describe(exc)))
+                if not data and self.skipped:
+                    raise AllSkipped
             self._stage, self._current = "collate", index
         else:
             self._stage, self._current = "sample", index
-            data = dataset[index]
+            if fields is not None:
+                fields[POSITION] = 0
+            try:
+                data = dataset[index]
+            except Exception as exc:
+                if not self._skip:
+                    raise
+                self.skipped.append((index, *_describe(exc)))
+                raise AllSkipped from exc
             self._stage = "convert"
+        if fields is not None:
+            fields[STAGE] = COLLATING
         return self._collate_fn(data)
 
     def _fetch_iterable(self, iterator: Iterator[Any], index: Any) -> Any:
@@ -93,8 +136,15 @@ class Fetcher:
                 except StopIteration:
                     self._ended = True
                     break
+                except Exception as exc:
+                    if not self._skip:
+                        raise
+                    # A generator is finished once it raised: the next call ends the stream.
+                    self.skipped.append((f"stream item {self._items_read}", *_describe(exc)))
                 self._items_read += 1
                 self._current = self._items_read
+            if not data and self.skipped and not self._ended:
+                raise AllSkipped
             if not data or (self._drop_last and len(data) < len(index)):
                 raise StopIteration
         else:

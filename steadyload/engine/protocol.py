@@ -1,7 +1,8 @@
 """Messages between the supervisor (parent) and a worker (child).
 
 Each worker has one duplex pipe (a Unix socketpair) of its own. Parent -> worker: `Task`,
-`Reset`, `Stop`. Worker -> parent: `Ready`, `Done`, `Exhausted`, `Failed`, `StartFailed`. Shared
+`Reset`, `Stop`. Worker -> parent: `Ready`, `Done`, `Empty`,
+`Exhausted`, `Failed`, `Retire`, `StartFailed`. Shared
 memory segments that a `Done` announces travel right after it on the same socket as
 SCM_RIGHTS file descriptors (see `transport.py`). State diagram: docs/design/protocol.md.
 """
@@ -52,6 +53,25 @@ class Done:
     new_segments: tuple[NewSegment, ...] = ()
     retired: tuple[int, ...] = ()
     """Segments the worker closed: the parent may drop its mapping once unused."""
+    skipped: tuple[Skip, ...] = ()
+    """Samples left out of the batch because loading them raised (on_error="skip")."""
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """A sample left out: its index (or stream position), the exception type and text."""
+
+    index: object
+    type_name: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Empty:
+    """Every sample of the task was skipped: there is no batch (on_error="skip")."""
+
+    task_id: int
+    skipped: tuple[Skip, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +79,14 @@ class Exhausted:
     """The worker's IterableDataset replica is exhausted; the task produced nothing."""
 
     task_id: int
+    skipped: tuple[Skip, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Retire:
+    """The worker's memory passed ``max_worker_memory``; it exits after this message."""
+
+    uss_bytes: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,8 @@ The task table (which worker holds which task) is kept by the caller, `_iterator
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import time
 import weakref
@@ -24,6 +26,7 @@ from typing import Any
 from ..pickling import unimportable_main_hidden
 from .lifecycle import stop_processes
 from .protocol import Done, Reset, Stop, Task
+from .status import Progress, StatusBlock
 from .transport import SegmentMap
 from .worker import Deferred, WorkerConfig, worker_main
 
@@ -32,10 +35,21 @@ _LOG = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Died:
-    """Event: the worker process exited."""
+    """Event: the worker process exited, with what the parent knows about its last moments."""
 
     exitcode: int | None
     pid: int | None
+    progress: Progress | None = None
+    stacks: str = ""
+    """What faulthandler wrote: a native crash's stack, or a hang dump."""
+    libraries: tuple[str, ...] = ()
+    """Crash-prone native libraries the worker had loaded."""
+    rss_bytes: int | None = None
+    """The worker's resident memory at the last sample before it died."""
+
+
+def _dup(fd: int) -> int:
+    return os.dup(fd)
 
 
 class _Handle:
@@ -43,13 +57,17 @@ class _Handle:
 
     __slots__ = (
         "worker_id", "process", "conn", "sock", "segments", "readable", "pid", "started_at",
+        "status", "rss_bytes",
     )
 
     def __init__(
-        self, worker_id: int, process: BaseProcess, conn: Connection, started_at: float
+        self, worker_id: int, process: BaseProcess, conn: Connection, started_at: float,
+        status: StatusBlock,
     ) -> None:
         self.worker_id = worker_id
         self.started_at = started_at
+        self.status = status
+        self.rss_bytes: int | None = None
         self.process = process
         self.pid = process.pid
         self.conn = conn
@@ -58,17 +76,11 @@ class _Handle:
         self.readable = True
 
     def close_channels(self) -> None:
-        for closer in (self.conn.close, self.sock.close, self.segments.close):
+        for closer in (self.conn.close, self.sock.close, self.segments.close, self.status.close):
             try:
                 closer()
             except OSError:
                 pass
-
-
-def _dup(fd: int) -> int:
-    import os
-
-    return os.dup(fd)
 
 
 def _shutdown(handles: list[_Handle], grace_s: float) -> None:
@@ -110,27 +122,41 @@ class Supervisor:
         self._handles: list[_Handle | None] = [None] * num_workers
         self._live: list[_Handle] = []  # shared with the finalizer; never reassigned
         self._finalizer = weakref.finalize(self, _shutdown, self._live, grace_s)
+        self._deferred: Deferred | None = None
         self.running = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start all workers. On failure, those already started are stopped again."""
         cfg = self._config
-        deferred = Deferred(
+        self._deferred = Deferred(
             cfg,
             {"dataset": cfg.dataset, "collate_fn": cfg.collate_fn,
              "worker_init_fn": cfg.worker_init_fn},
         )
         try:
             for worker_id in range(self._num_workers):
-                self._spawn(worker_id, deferred)
+                self._spawn(worker_id)
         except BaseException:
             self.shutdown()
             raise
         self.running = True
 
-    def _spawn(self, worker_id: int, deferred: Deferred) -> None:
+    def respawn(self, worker_id: int) -> None:
+        """Start a fresh process for ``worker_id`` (same id, so the same seed)."""
+        old = self._handles[worker_id]
+        if old is not None and old in self._live:
+            raise RuntimeError(
+                f"[steadyload internal error] respawn of live worker {worker_id}; "
+                "please report with the output of `steadyload doctor`"
+            )
+        self._spawn(worker_id)
+
+    def _spawn(self, worker_id: int) -> None:
+        assert self._deferred is not None
+        deferred = self._deferred
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        status = StatusBlock.create(worker_id)
         started_at = self._clock()
         process = self._ctx.Process(  # type: ignore[attr-defined]  # BaseContext stubs lack Process
             target=worker_main,
@@ -143,10 +169,15 @@ class Supervisor:
                 process.start()
         except BaseException:
             parent_conn.close()
+            status.close()
             raise
         finally:
             child_conn.close()
-        handle = _Handle(worker_id, process, parent_conn, started_at)
+        handle = _Handle(worker_id, process, parent_conn, started_at, status)
+        try:
+            socket.send_fds(handle.sock, [b"S"], [status.fd])
+        except OSError:
+            pass  # died at once; its sentinel will say so
         self._handles[worker_id] = handle
         self._live.append(handle)
         _LOG.debug("started worker %d (pid %s)", worker_id, process.pid)
@@ -249,8 +280,61 @@ class Supervisor:
             return
         events.append((h.worker_id, msg))
 
+    def sample_memory(self) -> None:
+        """Record each live worker's resident memory (for the diagnosis of a later death)."""
+        import psutil
+
+        for h in self._live:
+            try:
+                h.rss_bytes = psutil.Process(h.pid).memory_info().rss
+            except (psutil.Error, ValueError):
+                pass
+
+    def progress(self, worker_id: int) -> Progress | None:
+        """What the worker is doing now, from its status block."""
+        h = self._handles[worker_id]
+        return h.status.progress() if h is not None and h in self._live else None
+
+    def dump_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
+        """Ask a (hung) worker for the Python stacks of all its threads, and return them.
+
+        faulthandler dumps from a C signal handler, so this works even while the worker is
+        stuck in C code holding the GIL. Waits at most ``wait_s`` for the text. [Unit: second]
+        """
+        h = self._handles[worker_id]
+        if h is None or h not in self._live or h.pid is None:
+            return ""
+        before = len(h.status.stacks())
+        try:
+            os.kill(h.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return ""
+        deadline = self._clock() + wait_s
+        text = h.status.stacks()
+        # Bounded wait for an asynchronous signal handler; no event exists to wait on.
+        while len(text) <= before and self._clock() < deadline:
+            time.sleep(0.01)
+            text = h.status.stacks()
+        return text[before:]
+
+    def kill(self, worker_id: int) -> None:
+        """SIGKILL the worker; its death arrives as a `Died` event from `wait`."""
+        h = self._handles[worker_id]
+        if h is not None and h in self._live:
+            try:
+                h.process.kill()
+            except (OSError, ValueError):
+                pass
+
     def _bury(self, h: _Handle) -> Died:
-        died = Died(exitcode=h.process.exitcode, pid=h.pid)
+        died = Died(
+            exitcode=h.process.exitcode,
+            pid=h.pid,
+            progress=h.status.progress(),
+            stacks=h.status.stacks(),
+            libraries=tuple(h.status.libraries()),
+            rss_bytes=h.rss_bytes,
+        )
         _LOG.debug("worker %d (pid %s) exited with %s", h.worker_id, h.pid, died.exitcode)
         self._live.remove(h)
         h.close_channels()

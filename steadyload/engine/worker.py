@@ -5,12 +5,13 @@ a busy worker (and a busy worker still notices the parent's death), and runs tas
 main thread: fetch the batch, pack it into shared memory, send it. It exits on `Stop`, on
 EOF from the parent, or, from the reader thread, as soon as the parent process is gone.
 Seeding and `get_worker_info()` follow torch's `_worker_loop` exactly, so datasets that draw
-random numbers or shard themselves behave as they do under torch's DataLoader.
+random numbers or shard themselves behave as they do under torch's DataLoader. What the
+worker is doing (task, sample, since when) is kept in its status block (status.py), which
+the parent reads after a death or a hang.
 """
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import multiprocessing
 import os
@@ -21,6 +22,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -31,11 +33,26 @@ import torch
 from torch.utils.data._utils import worker as _torch_worker
 
 from ..pickling import dumps_for_worker
-from .fetch import ITERABLE, Fetcher
-from .protocol import Done, Exhausted, Failed, NewSegment, Ready, Reset, StartFailed, Stop, Task
+from .fetch import ITERABLE, AllSkipped, Fetcher
+from .protocol import (
+    Done,
+    Empty,
+    Exhausted,
+    Failed,
+    NewSegment,
+    Ready,
+    Reset,
+    Retire,
+    Skip,
+    StartFailed,
+    Stop,
+    Task,
+)
+from .status import SENDING, STAGE, WorkerStatus
 from .transport import HAVE_MEMFD, Arena, install_collate_hook, send_segments
 
 _LOG = logging.getLogger(__name__)
+_MEMORY_CHECK_INTERVAL_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +69,10 @@ class WorkerConfig:
     num_workers: int
     preload: tuple[str, ...] = ()
     """Modules asked of the fork server, checked by the worker (see _preload_probe)."""
+    skip_errors: bool = False
+    """on_error="skip": leave out samples whose loading raises."""
+    max_memory_bytes: int | None = None
+    """Retire (exit after the current task) when the worker's USS passes this."""
 
 
 class Deferred:
@@ -146,6 +167,10 @@ def _seed(base_seed: int, worker_id: int) -> int:
     return seed
 
 
+def _type_name(exc: BaseException) -> str:
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
 def _failure(task_id: int, exc: BaseException, where: str) -> Failed:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     data: bytes | None
@@ -155,12 +180,8 @@ def _failure(task_id: int, exc: BaseException, where: str) -> Failed:
     except Exception:
         data = None
     return Failed(
-        task_id=task_id,
-        exception=data,
-        type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
-        text=str(exc),
-        traceback=tb,
-        where=where,
+        task_id=task_id, exception=data, type_name=_type_name(exc), text=str(exc),
+        traceback=tb, where=where,
     )
 
 
@@ -174,18 +195,28 @@ def _preload_missing(requested: tuple[str, ...]) -> tuple[str, ...] | None:
     return tuple(m for m in requested if m not in _preload_probe.IMPORTED)
 
 
+def _uss_bytes() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_full_info().uss)
+
+
 def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
     """Entry point of a worker process."""
     # Ctrl-C goes to the whole process group; the parent decides how workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    faulthandler.enable()  # a native crash prints the Python stack to stderr
     sock = socket.socket(fileno=os.dup(conn.fileno()))
+    # First on the socket: the status block (stack dumps go there from now on).
+    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if not fds:
+        return  # the parent is gone already
+    status = WorkerStatus(fds[0])
     try:
         cfg: WorkerConfig = deferred.get()
     except BaseException as exc:
         conn.send(
             StartFailed(
-                type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                type_name=_type_name(exc),
                 text=str(exc),
                 traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
             )
@@ -209,7 +240,8 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
 
     def new_fetcher() -> Fetcher:
         return Fetcher(
-            cfg.dataset_kind, cfg.dataset, cfg.auto_collation, cfg.collate_fn, cfg.drop_last
+            cfg.dataset_kind, cfg.dataset, cfg.auto_collation, cfg.collate_fn, cfg.drop_last,
+            skip_errors=cfg.skip_errors, fields=status.fields,
         )
 
     init_error: tuple[BaseException, str] | None = None
@@ -226,6 +258,7 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
     _LOG.debug("worker %d started (seed %d)", worker_id, seed)
 
     iteration_end = False
+    checked_memory = 0.0
     try:
         conn.send(Ready(pid=os.getpid(), preload_missing=_preload_missing(cfg.preload)))
         while True:
@@ -250,7 +283,17 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
             if iteration_end:
                 conn.send(Exhausted(msg.task_id))
                 continue
-            iteration_end = _run_task(msg, fetcher, arena, conn, sock, cfg.dataset_kind)
+            status.begin(msg.task_id)
+            iteration_end = _run_task(msg, fetcher, arena, conn, sock, cfg.dataset_kind, status)
+            status.end()
+            if cfg.max_memory_bytes is not None:
+                now = time.monotonic()
+                if now - checked_memory >= _MEMORY_CHECK_INTERVAL_S:
+                    checked_memory = now
+                    uss = _uss_bytes()
+                    if uss > cfg.max_memory_bytes:
+                        conn.send(Retire(uss))
+                        break
     except (BrokenPipeError, ConnectionResetError, EOFError):
         pass  # the parent closed our pipe: it is shutting down
     finally:
@@ -258,17 +301,26 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
         sock.close()
 
 
+def _skips(fetcher: Fetcher) -> tuple[Skip, ...]:
+    return tuple(Skip(index, type_name, text) for index, type_name, text in fetcher.skipped)
+
+
 def _run_task(
-    task: Task, fetcher: Fetcher, arena: Arena, conn: Connection, sock: socket.socket, kind: int
+    task: Task, fetcher: Fetcher, arena: Arena, conn: Connection, sock: socket.socket,
+    kind: int, status: WorkerStatus,
 ) -> bool:
     """Run one task and send its outcome; True when the dataset's stream has ended."""
     arena.begin_task()
     try:
         data = fetcher.fetch(task.indices)
+    except AllSkipped:
+        arena.end_task(sent=False)
+        conn.send(Empty(task.task_id, _skips(fetcher)))
+        return False
     except StopIteration as exc:
         arena.end_task(sent=False)
         if kind == ITERABLE:
-            conn.send(Exhausted(task.task_id))
+            conn.send(Exhausted(task.task_id, _skips(fetcher)))
             return True
         conn.send(_failure(task.task_id, exc, fetcher.where))
         return False
@@ -276,6 +328,7 @@ def _run_task(
         arena.end_task(sent=False)
         conn.send(_failure(task.task_id, exc, fetcher.where))
         return False
+    status.fields[STAGE] = SENDING
     try:
         payload = arena.pack(data) if HAVE_MEMFD else ForkingPickler.dumps(data)
     except Exception as exc:
@@ -289,14 +342,11 @@ def _run_task(
             task_id=task.task_id,
             payload=bytes(payload),
             segments=used,
-            new_segments=tuple(_announce(s) for s in new),
+            new_segments=tuple(NewSegment(s.segment_id, s.nbytes) for s in new),
             retired=retired,
+            skipped=_skips(fetcher),
         )
     )
     if new:
         send_segments(sock, new)
     return False
-
-
-def _announce(seg: Any) -> NewSegment:
-    return NewSegment(segment_id=seg.segment_id, nbytes=seg.nbytes)

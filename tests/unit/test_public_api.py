@@ -42,7 +42,9 @@ def test_signature_is_torchs_positionally_then_keyword_only_extras() -> None:
         assert ours[name].kind == param.kind, name
         assert ours[name].default == param.default, name
     extras = list(ours)[len(theirs):]
-    assert extras == ["start_method"]
+    assert extras == [
+        "start_method", "max_restarts", "on_error", "hang_timeout", "max_worker_memory",
+    ]
     assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in extras)
 
 

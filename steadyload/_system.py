@@ -1,0 +1,148 @@
+"""Facts about this machine that explain failures: cgroup memory, /dev/shm, fd limits.
+
+Read from /proc and /sys, cheaply, and never raising: a missing file means "unknown" (None).
+Shared by the diagnosis of dead workers and by `steadyload doctor`.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupMemory:
+    """This process's cgroup memory limit and out-of-memory kill counter."""
+
+    limit_bytes: int | None
+    """None when unlimited or unknown."""
+    oom_kills: int | None
+    """cgroup v2 memory.events ``oom_kill`` (v1: memory.oom_control); None if unknown."""
+
+
+def _cgroup_dir(pid: int | str = "self", root: Path = CGROUP_ROOT) -> Path | None:
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[0] == "0":  # cgroup v2 unified hierarchy
+            path = root / parts[2].lstrip("/")
+            return path if path.exists() else root
+        if len(parts) == 3 and "memory" in parts[1].split(","):  # cgroup v1
+            path = root / "memory" / parts[2].lstrip("/")
+            return path if path.exists() else root / "memory"
+    return None
+
+
+def cgroup_memory(root: Path = CGROUP_ROOT) -> CgroupMemory:
+    """The memory limit and OOM-kill count of this process's cgroup (v2, else v1)."""
+    directory = _cgroup_dir(root=root)
+    if directory is None:
+        return CgroupMemory(None, None)
+    limit: int | None = None
+    for name in ("memory.max", "memory.limit_in_bytes"):
+        try:
+            text = (directory / name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:
+            limit = int(text)
+        break
+    kills: int | None = None
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            for line in (directory / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    kills = int(value)
+        except OSError:
+            continue
+        if kills is not None:
+            break
+    return CgroupMemory(limit, kills)
+
+
+def total_memory_bytes() -> int | None:
+    """Physical memory of the machine."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Space:
+    """Size and free space of a filesystem (/dev/shm)."""
+
+    path: str
+    total_bytes: int
+    free_bytes: int
+
+
+def shm_space(path: str = "/dev/shm") -> Space | None:
+    """Size and free space of ``path``; None when it does not exist."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return Space(path, st.f_frsize * st.f_blocks, st.f_frsize * st.f_bavail)
+
+
+def fd_limits() -> tuple[int, int]:
+    """(soft, hard) limit on open file descriptors (``ulimit -n``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft, hard
+
+
+def open_fds() -> int | None:
+    """How many file descriptors this process has open."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+
+
+def gib(n: int | None) -> str:
+    """Bytes as a short human figure: ``7.9 GiB``, ``512 MiB``."""
+    if n is None:
+        return "unknown"
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.1f} GiB"
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+def parse_bytes(text: str | int | None, name: str) -> int | None:
+    """``"4GiB"``, ``"512MB"``, ``"1.5G"`` or an int -> bytes; None stays None.
+
+    Raises:
+        ValueError: naming ``name``, for text that is not a size.
+    """
+    if text is None:
+        return None
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise ValueError(f"{name} must be > 0 bytes or None, got {text!r}")
+        return text
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a size like '4GiB' or a number of bytes, got {text!r}")
+    units = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 1 << 10, "m": 10**6,
+             "mb": 10**6, "mib": 1 << 20, "g": 10**9, "gb": 10**9, "gib": 1 << 30,
+             "t": 10**12, "tb": 10**12, "tib": 1 << 40}
+    raw = text.strip().lower().replace(" ", "")
+    number = raw.rstrip("kmgtib")
+    unit = raw[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise ValueError(
+            f"{name} must be a size like '4GiB', '512MB' or a number of bytes, got {text!r}"
+        )
+    return int(value * units[unit])

@@ -1,0 +1,575 @@
+"""The multi-worker iterator: task table, torch's dispatch order, and recovery from faults.
+
+Dispatch is torch's (round-robin over active workers, ``prefetch_factor`` tasks per worker,
+yield in task order), so a worker sees the same samples in the same order as under torch
+and random values drawn inside ``__getitem__`` match too.
+
+Recovery (docs/design/recovery.md): when a worker dies, the supervisor reports it at once
+with what its status block says it was doing. If the restart budget allows, a fresh worker
+with the same id (and seed) takes over and re-runs every task the dead one held, in the
+same order, so the caller sees the same batches as without the fault. A sample that kills
+a worker twice is not tried a third time: it raises, or with ``on_error="skip"`` it is left
+out of its batch and recorded. A task that outlives ``hang_timeout`` has the worker's stack
+dumped, the worker killed and the task retried once; a second hang raises
+`WorkerHangError` with the stack.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import pickle
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from . import _system, diagnosis, start
+from ._iterators import RemoteTraceback, WorkerException, _DatasetError, _flat, add_note
+from .engine.fetch import ITERABLE
+from .engine.protocol import Empty, Exhausted, Failed, Ready, Retire, Skip, StartFailed
+from .engine.status import IDLE, LOADING, STAGES
+from .engine.supervisor import Died, Supervisor
+from .engine.worker import WorkerConfig
+from .errors import WorkerStartError
+from .report import RestartReport, RunRecord, SkippedSample, WorkerReport
+
+if TYPE_CHECKING:
+    from .loader import DataLoader
+
+_LOG = logging.getLogger(__name__)
+_MEMORY_SAMPLE_INTERVAL_S = 1.0
+_EMPTY = object()  # outcome of a task whose every sample was skipped
+
+
+@dataclass(slots=True)
+class _Task:
+    worker_id: int
+    indices: Any
+    outcome: Any = None
+    has_outcome: bool = False
+    failed: bool = False
+
+
+@dataclass(slots=True)
+class _Epoch:
+    """The task table of one epoch: task id -> `_Task`, for tasks not yet yielded."""
+
+    first_id: int
+    tasks: dict[int, _Task] = field(default_factory=dict)
+    rcvd: int = 0
+    outstanding: int = 0  # tasks sent whose outcome has not arrived (torch's _tasks_outstanding)
+    restarts: int = 0
+
+
+class _WorkerIter(_BaseDataLoaderIter):
+    """num_workers>0: batches from steadyload's supervised worker processes."""
+
+    def __init__(self, loader: DataLoader[Any]) -> None:
+        super().__init__(loader)
+        self._prefetch_factor: int = loader.prefetch_factor or 2
+        self._in_order = loader.in_order
+        self._opts = loader._options
+        self._ctx, self._start_info = loader._start_context()
+        start.check_fork_safe(self._start_info.method)
+        start.check_main_guard(self._start_info.method)
+        start.warn_if_threads_before_fork(self._start_info.method)
+        self.record = RunRecord(self._start_info.method, self._start_info.preload)
+        self._config = WorkerConfig(
+            dataset_kind=self._dataset_kind,
+            dataset=self._dataset,
+            auto_collation=self._auto_collation,
+            collate_fn=self._collate_fn,
+            drop_last=self._drop_last,
+            base_seed=int(self._base_seed),
+            worker_init_fn=loader.worker_init_fn,
+            num_workers=self._num_workers,
+            preload=self._start_info.preload,
+            skip_errors=self._opts.on_error == "skip",
+            max_memory_bytes=self._opts.max_worker_memory_bytes,
+        )
+        self._supervisor: Supervisor | None = None
+        self._error: BaseException | None = None
+        self._next_task_id = 0
+        self._stale: dict[int, int] = {}  # task id -> worker, for tasks of abandoned epochs
+        self._arrived: collections.deque[int] = collections.deque()
+        self._epoch = _Epoch(first_id=0)
+        self._active = [True] * self._num_workers
+        self._per_worker = [0] * self._num_workers
+        self._cycle = itertools.cycle(range(self._num_workers))
+        self._kills: collections.Counter[Any] = collections.Counter()  # sample -> deaths
+        self._hangs: collections.Counter[int] = collections.Counter()  # task id -> hangs
+        self._hung: dict[int, tuple[int, str]] = {}  # worker -> (task id, stack) being killed
+        self._retiring: dict[int, int] = {}  # worker -> USS that passed max_worker_memory
+        self._memory_sampled = 0.0
+        self._oom_kills = _system.cgroup_memory().oom_kills
+        self._start_workers()
+        self._reset(loader, first_iter=True)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _start_workers(self) -> None:
+        supervisor = Supervisor(self._ctx, self._config, self._num_workers)
+        started = time.monotonic()
+        supervisor.start()
+        self._supervisor = supervisor
+        _LOG.debug(
+            "started %d workers with %s in %.3f s",
+            self._num_workers, self._start_info.method, time.monotonic() - started,
+        )  # fmt: skip
+
+    def _shutdown_workers(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.shutdown()
+            self._supervisor = None
+
+    def __del__(self) -> None:
+        if getattr(self, "_supervisor", None) is not None:  # __init__ may have failed
+            self._shutdown_workers()
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        super()._reset(loader, first_iter)
+        if self._supervisor is None:
+            # Persistent workers that were stopped by an error: start afresh.
+            self._error = None
+            self._stale.clear()
+            self._epoch.tasks.clear()
+            self._start_workers()
+        elif not first_iter:
+            self._supervisor.send_reset()
+        # Tasks still in flight from the last epoch are discarded when they arrive.
+        self._stale.update(
+            {tid: t.worker_id for tid, t in self._epoch.tasks.items() if not t.has_outcome}
+        )
+        self._epoch = _Epoch(first_id=self._next_task_id, rcvd=self._next_task_id)
+        self._arrived.clear()
+        self._active = [True] * self._num_workers
+        self._per_worker = [0] * self._num_workers
+        self._cycle = itertools.cycle(range(self._num_workers))
+        for _ in range(self._prefetch_factor * self._num_workers):
+            self._try_put_index()
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def _try_put_index(self) -> None:
+        # torch's policy, kept exactly: see _MultiProcessingDataLoaderIter._try_put_index.
+        epoch = self._epoch
+        max_tasks = self._prefetch_factor * self._num_workers
+        if epoch.outstanding >= max_tasks or self._supervisor is None:
+            return
+        try:
+            index = self._next_index()
+        except StopIteration:
+            return
+        for _ in range(self._num_workers):
+            worker_id = next(self._cycle)
+            if self._active[worker_id]:
+                if self._in_order:
+                    break
+                if self._per_worker[worker_id] < max_tasks // sum(self._active):
+                    break
+        else:
+            return
+        task_id = self._next_task_id
+        self._next_task_id += 1
+        epoch.tasks[task_id] = _Task(worker_id, index)
+        self._per_worker[worker_id] += 1
+        epoch.outstanding += 1
+        self._supervisor.send_task(worker_id, task_id, index)
+
+    # -- results -----------------------------------------------------------------------------
+    def _next_data(self) -> Any:
+        if self._error is not None:
+            # Never resume silently after a fatal error: the lost batches would go unnoticed.
+            raise self._error
+        try:
+            return self._next_data_inner()
+        except StopIteration:
+            raise
+        except _DatasetError as wrapped:
+            raise wrapped.exc from wrapped.exc.__cause__
+        except BaseException as exc:
+            # Worker death, hang, time-out, KeyboardInterrupt: stop the workers now.
+            self._error = exc if not isinstance(exc, KeyboardInterrupt) else None
+            self._shutdown_workers()
+            raise
+
+    def _next_data_inner(self) -> Any:
+        epoch = self._epoch
+        while True:
+            while epoch.rcvd < self._next_task_id:
+                task = epoch.tasks.get(epoch.rcvd)
+                if task is not None:
+                    if task.has_outcome or self._active[task.worker_id]:
+                        break
+                    del epoch.tasks[epoch.rcvd]  # its worker's stream ended first
+                epoch.rcvd += 1
+            else:
+                if not self._persistent_workers:
+                    self._shutdown_workers()
+                raise StopIteration
+            task = epoch.tasks[epoch.rcvd]
+            if task.has_outcome:
+                del epoch.tasks[epoch.rcvd]
+                epoch.rcvd += 1
+                if task.outcome is _EMPTY:
+                    self._release(task)
+                    continue
+                return self._process(task)
+            while self._arrived:  # in_order=False: whatever came first
+                early = epoch.tasks.pop(self._arrived.popleft(), None)
+                if early is not None:
+                    if early.outcome is _EMPTY:
+                        self._release(early)
+                        continue
+                    return self._process(early)
+            self._collect(epoch.rcvd)
+
+    def _collect(self, awaited: int) -> None:
+        """Wait for worker events (or a hang) and record them in the task table."""
+        assert self._supervisor is not None
+        timeout = self._timeout if self._timeout > 0 else None
+        deadline = time.monotonic() + timeout if timeout else None
+        while True:
+            now = time.monotonic()
+            if now - self._memory_sampled >= _MEMORY_SAMPLE_INTERVAL_S:
+                self._memory_sampled = now
+                self._supervisor.sample_memory()
+            wake = deadline
+            hang_at = self._next_hang_deadline()
+            if hang_at is not None:
+                wake = hang_at if wake is None else min(wake, hang_at)
+            if self._opts.max_worker_memory_bytes is not None or self._oom_kills is not None:
+                # Keep memory figures fresh for a diagnosis, without a polling thread.
+                memory_at = self._memory_sampled + _MEMORY_SAMPLE_INTERVAL_S
+                wake = memory_at if wake is None else min(wake, memory_at)
+            remaining = None if wake is None else max(0.0, wake - time.monotonic())
+            events = self._supervisor.wait(remaining)
+            if events:
+                break
+            self._check_hangs()
+            if deadline is not None and time.monotonic() >= deadline:
+                task = self._epoch.tasks.get(awaited)
+                worker_id = task.worker_id if task else None
+                raise diagnosis.timed_out(
+                    timeout_s=self._timeout,
+                    worker_id=worker_id,
+                    pid=self._supervisor.pid(worker_id) if worker_id is not None else None,
+                    sample_indices=_flat(task.indices) if task else [],
+                )
+        for worker_id, event in events:
+            self._on_event(worker_id, event)
+
+    def _on_event(self, worker_id: int, event: Any) -> None:
+        if isinstance(event, tuple):
+            done, batch = event
+            task = self._settle(done.task_id)
+            self._record_skips(done.skipped)
+            if task is not None:
+                task.outcome, task.has_outcome = batch, True
+                self._note_arrival(done.task_id)
+        elif isinstance(event, Ready):
+            self._on_ready(worker_id, event)
+        elif isinstance(event, Died):
+            self._on_died(worker_id, event)
+        elif isinstance(event, Failed):
+            task = self._settle(event.task_id)
+            if task is not None:
+                task.outcome = self._rebuild_exception(worker_id, event)
+                task.has_outcome = task.failed = True
+                self._note_arrival(event.task_id)
+        elif isinstance(event, Empty):
+            self._record_skips(event.skipped)
+            task = self._settle(event.task_id)
+            if task is not None:
+                task.outcome, task.has_outcome = _EMPTY, True
+                self._note_arrival(event.task_id)
+        elif isinstance(event, Exhausted):
+            self._record_skips(event.skipped)
+            if self._settle(event.task_id) is not None:
+                self._active[worker_id] = False
+                self._try_put_index()
+        elif isinstance(event, Retire):
+            self._retiring[worker_id] = event.uss_bytes
+        elif isinstance(event, StartFailed):
+            raise self._start_failure(worker_id, event)
+        else:
+            raise RuntimeError(
+                f"[steadyload internal error] unexpected message {event!r} from worker "
+                f"{worker_id}; please report with the output of `steadyload doctor`"
+            )
+
+    def _note_arrival(self, task_id: int) -> None:
+        if not self._in_order:
+            self._arrived.append(task_id)
+
+    def _record_skips(self, skipped: tuple[Skip, ...]) -> None:
+        for skip in skipped:
+            _LOG.warning("skipped sample %r: %s: %s", skip.index, skip.type_name, skip.text)
+            self.record.skipped.append(SkippedSample(skip.index, skip.type_name, skip.text))
+
+    def _on_ready(self, worker_id: int, ready: Ready) -> None:
+        assert self._supervisor is not None
+        asked = self._supervisor.started_at(worker_id)
+        start_s = self._supervisor.clock() - asked if asked is not None else None
+        record = self.record
+        record.workers[worker_id] = WorkerReport(worker_id, ready.pid, start_s)
+        if ready.preload_missing and record.preload_missing is None:
+            _LOG.warning(
+                "the fork server could not import %s (CPython skips failed preloads "
+                "silently); every worker imports them itself, which is slower",
+                ", ".join(ready.preload_missing),
+            )
+        if ready.preload_missing is not None:
+            record.preload_missing = ready.preload_missing
+
+    def _settle(self, task_id: int) -> _Task | None:
+        """An outcome for ``task_id`` arrived: the task, or None if it is stale."""
+        if task_id in self._stale:
+            del self._stale[task_id]
+            return None
+        task = self._epoch.tasks.get(task_id)
+        if task is not None and not task.has_outcome:
+            self._epoch.outstanding -= 1
+            return task
+        return None
+
+    def _release(self, task: _Task) -> None:
+        self._per_worker[task.worker_id] -= 1
+        self._try_put_index()
+
+    def _process(self, task: _Task) -> Any:
+        self._release(task)
+        if task.failed:
+            raise _DatasetError(task.outcome)
+        data = task.outcome
+        if self._pin_memory:
+            data = _pin_memory(data, self._pin_memory_device)
+        return data
+
+    # -- recovery ----------------------------------------------------------------------------
+    def _held_by(self, worker_id: int) -> list[tuple[int, _Task]]:
+        return sorted(
+            (tid, t) for tid, t in self._epoch.tasks.items()
+            if t.worker_id == worker_id and not t.has_outcome
+        )
+
+    def _next_hang_deadline(self) -> float | None:
+        limit = self._opts.hang_timeout
+        if limit is None or self._supervisor is None:
+            return None
+        soonest = None
+        for worker_id in range(self._num_workers):
+            progress = self._supervisor.progress(worker_id)
+            if progress is None or progress.stage == IDLE or worker_id in self._hung:
+                continue
+            at = progress.started_ns / 1e9 + limit
+            soonest = at if soonest is None else min(soonest, at)
+        return soonest
+
+    def _check_hangs(self) -> None:
+        limit = self._opts.hang_timeout
+        if limit is None or self._supervisor is None:
+            return
+        now_ns = time.monotonic_ns()
+        for worker_id in range(self._num_workers):
+            progress = self._supervisor.progress(worker_id)
+            if progress is None or progress.stage == IDLE or worker_id in self._hung:
+                continue
+            if now_ns - progress.started_ns < limit * 1e9:
+                continue
+            stack = self._supervisor.dump_stack(worker_id)
+            self._hung[worker_id] = (progress.task_id, stack)
+            _LOG.info(
+                "worker %d (pid %s) has run task %d for more than hang_timeout=%s s; its "
+                "stack:\n%s", worker_id, self._supervisor.pid(worker_id), progress.task_id,
+                limit, stack,
+            )
+            self._supervisor.kill(worker_id)  # its death arrives as a Died event
+
+    def _blame(self, held: list[tuple[int, _Task]], died: Died) -> tuple[Any, int | None]:
+        """(the sample the worker was loading, the task it was running), when known."""
+        progress = died.progress
+        if progress is None or progress.stage == IDLE:
+            return None, None
+        task = self._epoch.tasks.get(progress.task_id)
+        if task is None or not any(tid == progress.task_id for tid, _ in held):
+            return None, None
+        indices = task.indices
+        if progress.stage == LOADING and progress.position >= 0:
+            if isinstance(indices, list) and progress.position < len(indices):
+                return indices[progress.position], progress.task_id
+            if not isinstance(indices, list):
+                return indices, progress.task_id
+        return None, progress.task_id
+
+    def _evidence(self, died: Died) -> diagnosis.Evidence:
+        memory = _system.cgroup_memory()
+        progress = died.progress
+        return diagnosis.Evidence(
+            rss_bytes=died.rss_bytes,
+            memory_limit_bytes=memory.limit_bytes or _system.total_memory_bytes(),
+            oom_kills_before=self._oom_kills,
+            oom_kills_after=memory.oom_kills,
+            shm=_system.shm_space(),
+            stacks=died.stacks,
+            libraries=died.libraries,
+            stage=STAGES.get(progress.stage, "") if progress else "",
+        )
+
+    def _on_died(self, worker_id: int, died: Died) -> None:
+        assert self._supervisor is not None
+        held = self._held_by(worker_id)
+        for tid in [tid for tid, owner in self._stale.items() if owner == worker_id]:
+            del self._stale[tid]  # never answered now; no need to re-run a finished epoch
+        sample, blamed_task = self._blame(held, died)
+        evidence = self._evidence(died)
+        self._oom_kills = evidence.oom_kills_after
+        hung = self._hung.pop(worker_id, None)
+        retired_uss = self._retiring.pop(worker_id, None)
+        flat = [i for _, t in held for i in _flat(t.indices)]
+
+        def error(outcome: str) -> BaseException:
+            return diagnosis.worker_died(
+                worker_id=worker_id, pid=died.pid, exitcode=died.exitcode,
+                sample_indices=flat, batches_held=len(held),
+                start_method=self._start_info.method, evidence=evidence, sample=sample,
+                outcome=outcome,
+            )
+
+        if retired_uss is not None and died.exitcode == 0:
+            cause = (
+                f"used {_system.gib(retired_uss)} (above max_worker_memory="
+                f"{_system.gib(self._opts.max_worker_memory_bytes)})"
+            )
+            self._replace(worker_id, died, held, cause, None, budget=False)
+            return
+        if self._dataset_kind == ITERABLE:
+            raise error(
+                "steadyload did not restart it: an IterableDataset's stream cannot be "
+                "replayed, so the batches it held would be lost."
+            )
+        if hung is not None:
+            task_id, stack = hung
+            self._hangs[task_id] += 1
+            if self._hangs[task_id] >= 2 or self._epoch.restarts >= self._opts.max_restarts:
+                task = self._epoch.tasks.get(task_id)
+                raise diagnosis.worker_hung(
+                    worker_id=worker_id, pid=died.pid, hang_timeout_s=self._opts.hang_timeout,
+                    sample=sample, sample_indices=_flat(task.indices) if task else [],
+                    stack=stack, times=self._hangs[task_id],
+                )
+            cause = f"hung for more than hang_timeout={self._opts.hang_timeout} s"
+            self._replace(worker_id, died, held, cause, sample, budget=True)
+            return
+        if self._epoch.restarts >= self._opts.max_restarts:
+            raise error(
+                f"steadyload did not restart it: max_restarts={self._opts.max_restarts} "
+                "restarts were already used in this epoch."
+            )
+        key = sample if sample is not None else ("batch", blamed_task)
+        if sample is not None or blamed_task is not None:
+            self._kills[key] += 1
+        if self._kills.get(key, 0) >= 2:
+            what = (
+                f"sample {sample!r}" if sample is not None
+                else f"the batch of samples {diagnosis.format_indices(flat)}"
+            )
+            if self._opts.on_error == "raise":
+                raise error(
+                    f"steadyload did not retry it: {what} killed a worker twice. Pass "
+                    "on_error='skip' to leave it out and go on."
+                )
+            self._skip_killer(blamed_task, sample, died)
+        name = diagnosis.signal_name(died.exitcode)
+        cause = f"killed by {name}" if name else f"exited with status {died.exitcode}"
+        self._replace(worker_id, died, held, cause, sample, budget=True, log=error(""))
+
+    def _skip_killer(self, task_id: int | None, sample: Any, died: Died) -> None:
+        task = self._epoch.tasks.get(task_id) if task_id is not None else None
+        if task is None:
+            return
+        name = diagnosis.signal_name(died.exitcode) or f"exit status {died.exitcode}"
+        reason = f"killed the worker twice ({name})"
+        if sample is not None and isinstance(task.indices, list) and len(task.indices) > 1:
+            task.indices = [i for i in task.indices if i != sample]
+            skipped = [sample]
+        else:
+            skipped = _flat(task.indices)
+            task.outcome, task.has_outcome = _EMPTY, True
+            self._epoch.outstanding -= 1
+            self._note_arrival(task_id)  # type: ignore[arg-type]  # not None here
+        for index in skipped:
+            _LOG.warning("skipped sample %r: it %s", index, reason)
+            self.record.skipped.append(SkippedSample(index, "WorkerDied", reason))
+
+    def _replace(
+        self, worker_id: int, died: Died, held: list[tuple[int, _Task]], cause: str,
+        sample: Any, *, budget: bool, log: BaseException | None = None,
+    ) -> None:
+        assert self._supervisor is not None
+        if budget:
+            self._epoch.restarts += 1
+        rerun = [(tid, t) for tid, t in held if not t.has_outcome]
+        _LOG.info(
+            "%s\nsteadyload started a replacement worker %d%s; the %d batch%s it held %s "
+            "re-run in order.",
+            log if log is not None else f"worker {worker_id} (pid {died.pid}) {cause}.",
+            worker_id,
+            f" (restart {self._epoch.restarts} of {self._opts.max_restarts} this epoch)"
+            if budget else "",
+            len(rerun), "" if len(rerun) == 1 else "es", "is" if len(rerun) == 1 else "are",
+        )
+        self.record.restarts.append(RestartReport(worker_id, died.pid, cause, sample, len(rerun)))
+        self._supervisor.respawn(worker_id)
+        for tid, task in rerun:
+            self._supervisor.send_task(worker_id, tid, task.indices)
+
+    # -- errors ------------------------------------------------------------------------------
+    def _start_failure(self, worker_id: int, failed: StartFailed) -> BaseException:
+        assert self._supervisor is not None
+        return WorkerStartError(
+            f"DataLoader worker {worker_id} (pid {self._supervisor.pid(worker_id)}) could "
+            f"not start: {failed.type_name}: {failed.text}\n"
+            "Likely cause: the dataset, collate_fn or worker_init_fn could not be unpickled "
+            f"in a {self._start_info.method} worker, which imports them by module and name.\n"
+            "Fix: define them at module level in an importable module (not in a notebook "
+            "or inside a function), or use start_method='fork' when no GPU is in use.\n"
+            f"Worker traceback:\n{failed.traceback}",
+            worker_id=worker_id,
+            pid=self._supervisor.pid(worker_id),
+        )
+
+    def _rebuild_exception(self, worker_id: int, failed: Failed) -> BaseException:
+        exc: BaseException
+        if failed.exception is not None:
+            try:
+                exc = pickle.loads(failed.exception)
+            except Exception:
+                exc = WorkerException(f"{failed.type_name}: {failed.text}")
+        else:
+            exc = WorkerException(
+                f"{failed.type_name}: {failed.text} (the original exception could not be "
+                "pickled, so it is re-raised under this type)"
+            )
+        pid = self._supervisor.pid(worker_id) if self._supervisor else None
+        add_note(exc, f"steadyload: raised in worker {worker_id} (pid {pid}) {failed.where}")
+        if isinstance(exc, OSError) and exc.errno == 24:
+            add_note(exc, _too_many_files_note())
+        exc.__cause__ = RemoteTraceback(failed.traceback)
+        return exc
+
+
+def _too_many_files_note() -> str:
+    import torch.multiprocessing as tmp
+
+    soft, hard = _system.fd_limits()
+    return (
+        f"steadyload: 'Too many open files': this process may have {soft} open files "
+        f"(ulimit -n; the hard limit is {hard}); torch's sharing strategy is "
+        f"{tmp.get_sharing_strategy()!r}. Fix: raise the limit (ulimit -n {hard}), close "
+        "files in __getitem__ (use `with open(...)`), or keep fewer batches alive; torch's "
+        "'file_system' sharing strategy uses no descriptor per shared tensor."
+    )
+

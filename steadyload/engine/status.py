@@ -1,0 +1,150 @@
+"""A worker's status block: what it is doing now, and its stack when asked or when it crashes.
+
+One anonymous shared file (memfd) per worker process, created by the parent and passed to
+the worker over its socket. Bytes [0, 64) are eight int64 fields the worker updates as it
+works (which task, which sample of the batch, since when) and the parent reads at any
+time, also after the worker died. From byte 4096 on, the worker's faulthandler writes
+Python stacks: on a fatal signal (SIGSEGV, SIGABRT, ...) and on SIGUSR1, which the parent
+sends to a worker that hangs. Nothing touches the filesystem; the parent's descriptor
+keeps the text readable after the worker is gone.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import mmap
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+_HEADER = 4096
+_FIELDS = 8
+TASK, POSITION, STAGE, STARTED_NS, FLAGS = range(5)
+
+IDLE, LOADING, COLLATING, SENDING = 0, 1, 2, 3
+STAGES = {IDLE: "idle", LOADING: "loading", COLLATING: "collating", SENDING: "sending"}
+
+# Native libraries worth naming after a crash (FLAGS bits).
+RISKY_LIBRARIES = {
+    1: ("libiomp5", "Intel OpenMP (libiomp5)"),
+    2: ("libomp.so", "LLVM OpenMP (libomp)"),
+    4: ("cv2", "OpenCV (cv2)"),
+    8: ("libgomp", "GNU OpenMP (libgomp)"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A snapshot of what a worker was doing."""
+
+    task_id: int
+    position: int
+    """Index into the task's batch of the sample being loaded (-1 before the first)."""
+    stage: int
+    started_ns: int
+    """When the task started, on the system-wide monotonic clock. [Unit: nanosecond]"""
+    flags: int
+
+
+class StatusBlock:
+    """Parent side: create with `create`, hand `fd` to the worker, read at any time."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._mm = mmap.mmap(fd, _HEADER)
+        self._fields = np.frombuffer(self._mm, np.int64, _FIELDS)
+
+    @classmethod
+    def create(cls, worker_id: int) -> StatusBlock:
+        """A new, zeroed block for ``worker_id``."""
+        fd = os.memfd_create(f"steadyload-status-w{worker_id}", os.MFD_CLOEXEC)
+        os.ftruncate(fd, _HEADER)
+        block = cls(fd)
+        block._fields[TASK] = -1
+        return block
+
+    def progress(self) -> Progress:
+        """What the worker is doing now (or was doing when it died)."""
+        f = self._fields
+        return Progress(int(f[TASK]), int(f[POSITION]), int(f[STAGE]), int(f[STARTED_NS]),
+                        int(f[FLAGS]))
+
+    def stacks(self) -> str:
+        """Everything faulthandler wrote: crash or on-demand stack dumps."""
+        chunks = []
+        offset = _HEADER
+        while True:
+            chunk = os.pread(self.fd, 1 << 16, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks).decode("utf-8", "replace")
+
+    def libraries(self) -> list[str]:
+        """Names of crash-prone native libraries the worker had loaded.
+
+        OpenCV always counts; OpenMP runtimes only when two different ones are loaded
+        (torch itself brings GNU OpenMP, which alone is fine).
+        """
+        flags = int(self._fields[FLAGS])
+        loaded = [name for bit, (_, name) in RISKY_LIBRARIES.items() if flags & bit]
+        openmp = [n for n in loaded if "OpenMP" in n]
+        if len(openmp) < 2:
+            loaded = [n for n in loaded if "OpenMP" not in n]
+        return loaded
+
+    def close(self) -> None:
+        """Release the mapping and the descriptor."""
+        del self._fields
+        self._mm.close()
+        os.close(self.fd)
+
+
+class WorkerStatus:
+    """Worker side: update the fields cheaply; arm faulthandler on the same file."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._mm = mmap.mmap(fd, _HEADER)
+        self.fields: Any = np.frombuffer(self._mm, np.int64, _FIELDS)
+        self._libraries_checked = 0.0
+        os.lseek(fd, _HEADER, os.SEEK_SET)
+        faulthandler.enable(file=fd, all_threads=True)
+        faulthandler.register(signal.SIGUSR1, file=fd, all_threads=True, chain=False)
+
+    def begin(self, task_id: int) -> None:
+        """A task starts (position -1: no sample yet)."""
+        f = self.fields
+        f[TASK] = task_id
+        f[POSITION] = -1
+        f[STARTED_NS] = time.monotonic_ns()
+        f[STAGE] = LOADING
+
+    def end(self) -> None:
+        """The task's outcome was sent."""
+        self.fields[STAGE] = IDLE
+        now = time.monotonic()
+        if now - self._libraries_checked > 2.0:  # cheap, but not per batch
+            self._libraries_checked = now
+            self.fields[FLAGS] = _loaded_library_flags()
+
+
+def _loaded_library_flags() -> int:
+    flags = 0
+    if "cv2" in sys.modules:
+        flags |= 4
+    try:
+        with open(f"/proc/{os.getpid()}/maps", encoding="utf-8", errors="replace") as f:
+            maps = f.read()
+    except OSError:
+        return flags
+    for bit, (needle, _) in RISKY_LIBRARIES.items():
+        if bit != 4 and needle in maps:
+            flags |= bit
+    return flags
