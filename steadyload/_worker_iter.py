@@ -90,7 +90,9 @@ class _WorkerIter(_BaseDataLoaderIter):
             preload=self._start_info.preload,
             skip_errors=self._opts.on_error == "skip",
             max_memory_bytes=self._opts.max_worker_memory_bytes,
+            stateful_stream=self._dataset_kind == ITERABLE and _stateful(self._dataset),
         )
+        self._stream_state: dict[int, bytes] = {}  # worker -> state after its last batch
         self._supervisor: Supervisor | None = None
         self._error: BaseException | None = None
         self._next_task_id = 0
@@ -148,6 +150,7 @@ class _WorkerIter(_BaseDataLoaderIter):
         self._active = [True] * self._num_workers
         self._per_worker = [0] * self._num_workers
         self._cycle = itertools.cycle(range(self._num_workers))
+        self._stream_state.clear()  # each epoch's streams start afresh (Reset)
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
@@ -266,6 +269,8 @@ class _WorkerIter(_BaseDataLoaderIter):
             done, batch = event
             task = self._settle(done.task_id)
             self._record_skips(done.skipped)
+            if done.stream_state is not None and task is not None:
+                self._stream_state[worker_id] = done.stream_state
             if task is not None:
                 task.outcome, task.has_outcome = batch, True
                 self._note_arrival(done.task_id)
@@ -445,10 +450,11 @@ class _WorkerIter(_BaseDataLoaderIter):
             )
             self._replace(worker_id, died, held, cause, None, budget=False)
             return
-        if self._dataset_kind == ITERABLE:
+        if self._dataset_kind == ITERABLE and not self._config.stateful_stream:
             raise error(
                 "steadyload did not restart it: an IterableDataset's stream cannot be "
-                "replayed, so the batches it held would be lost."
+                "replayed, so the batches it held would be lost. A dataset with "
+                "state_dict()/load_state_dict() is resumed where its last batch ended."
             )
         if hung is not None:
             task_id, stack = hung
@@ -523,6 +529,8 @@ class _WorkerIter(_BaseDataLoaderIter):
         )
         self.record.restarts.append(RestartReport(worker_id, died.pid, cause, sample, len(rerun)))
         self._supervisor.respawn(worker_id)
+        if worker_id in self._stream_state:
+            self._supervisor.send_restore(worker_id, self._stream_state[worker_id])
         for tid, task in rerun:
             self._supervisor.send_task(worker_id, tid, task.indices)
 
@@ -559,6 +567,12 @@ class _WorkerIter(_BaseDataLoaderIter):
             add_note(exc, _too_many_files_note())
         exc.__cause__ = RemoteTraceback(failed.traceback)
         return exc
+
+
+def _stateful(dataset: Any) -> bool:
+    return callable(getattr(dataset, "state_dict", None)) and callable(
+        getattr(dataset, "load_state_dict", None)
+    )
 
 
 def _too_many_files_note() -> str:

@@ -400,3 +400,32 @@ class OpensFiles(Dataset[Any]):
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(64, hard), hard))
         self.kept = [open(__file__, encoding="utf-8") for _ in range(100)]  # noqa: SIM115
         return torch.tensor([i])
+
+
+class StatefulStream(IterableDataset[Any]):
+    """A sharded stream that can resume: its position is its state. Kills itself once."""
+
+    def __init__(self, n: int, kill_at: int, marker_dir: str) -> None:
+        self.n, self.kill_at, self.marker_dir = n, kill_at, marker_dir
+        self.position = 0  # items of this worker's shard already yielded
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        mine = list(range(wid, self.n, nw))
+        while self.position < len(mine):
+            i = mine[self.position]
+            if i == self.kill_at:
+                try:
+                    os.close(os.open(os.path.join(self.marker_dir, "k"), os.O_CREAT | os.O_EXCL))
+                    os.kill(os.getpid(), signal.SIGKILL)
+                except FileExistsError:
+                    pass
+            self.position += 1
+            yield torch.tensor([i])

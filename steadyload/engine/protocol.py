@@ -1,7 +1,7 @@
 """Messages between the supervisor (parent) and a worker (child).
 
 Each worker has one duplex pipe (a Unix socketpair) of its own. Parent -> worker: `Task`,
-`Reset`, `Stop`. Worker -> parent: `Ready`, `Done`, `Empty`,
+`Reset`, `Restore`, `Stop`. Worker -> parent: `Ready`, `Done`, `Empty`,
 `Exhausted`, `Failed`, `Retire`, `StartFailed`. Shared
 memory segments that a `Done` announces travel right after it on the same socket as
 SCM_RIGHTS file descriptors (see `transport.py`). State diagram: docs/design/protocol.md.
@@ -30,6 +30,13 @@ class Reset:
 
 
 @dataclass(frozen=True, slots=True)
+class Restore:
+    """A replacement worker resumes a stateful IterableDataset from ``state`` (pickled)."""
+
+    state: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """Exit the worker loop."""
 
@@ -55,6 +62,8 @@ class Done:
     """Segments the worker closed: the parent may drop its mapping once unused."""
     skipped: tuple[Skip, ...] = ()
     """Samples left out of the batch because loading them raised (on_error="skip")."""
+    stream_state: bytes | None = None
+    """A stateful IterableDataset's pickled ``state_dict()`` after this batch."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..pickling import unimportable_main_hidden
 from .lifecycle import stop_processes
-from .protocol import Done, Reset, Stop, Task
+from .protocol import Done, Reset, Restore, Stop, Task
 from .status import Progress, StatusBlock
 from .transport import SegmentMap
 from .worker import Deferred, WorkerConfig, worker_main
@@ -208,6 +208,12 @@ class Supervisor:
         h = self._handles[worker_id]
         assert h is not None
         self._send(h, Task(task_id, indices, h.segments.drain_freed()))
+
+    def send_restore(self, worker_id: int, state: bytes) -> None:
+        """Tell a replacement worker where its IterableDataset stream resumes."""
+        h = self._handles[worker_id]
+        assert h is not None
+        self._send(h, Restore(state))
 
     def send_reset(self) -> None:
         """Tell every worker a new epoch begins (persistent workers)."""

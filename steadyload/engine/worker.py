@@ -42,6 +42,7 @@ from .protocol import (
     NewSegment,
     Ready,
     Reset,
+    Restore,
     Retire,
     Skip,
     StartFailed,
@@ -73,6 +74,8 @@ class WorkerConfig:
     """on_error="skip": leave out samples whose loading raises."""
     max_memory_bytes: int | None = None
     """Retire (exit after the current task) when the worker's USS passes this."""
+    stateful_stream: bool = False
+    """An IterableDataset with state_dict()/load_state_dict(): its state goes with batches."""
 
 
 class Deferred:
@@ -265,11 +268,15 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
             msg = inbox.get()
             if isinstance(msg, Stop):
                 break
-            if isinstance(msg, Reset):
-                arena.release(msg.freed)
+            if isinstance(msg, (Reset, Restore)):
+                if isinstance(msg, Reset):
+                    arena.release(msg.freed)
                 iteration_end = False
                 if init_error is None:
                     try:
+                        if isinstance(msg, Restore):
+                            # Resume the stream where the dead worker's last batch ended.
+                            cfg.dataset.load_state_dict(pickle.loads(msg.state))
                         fetcher = new_fetcher()
                     except Exception as exc:
                         init_error = (exc, "in iter(dataset)")
@@ -284,7 +291,10 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
                 conn.send(Exhausted(msg.task_id))
                 continue
             status.begin(msg.task_id)
-            iteration_end = _run_task(msg, fetcher, arena, conn, sock, cfg.dataset_kind, status)
+            iteration_end = _run_task(
+                msg, fetcher, arena, conn, sock, cfg.dataset_kind, status,
+                cfg.dataset if cfg.stateful_stream else None,
+            )
             status.end()
             if cfg.max_memory_bytes is not None:
                 now = time.monotonic()
@@ -307,7 +317,7 @@ def _skips(fetcher: Fetcher) -> tuple[Skip, ...]:
 
 def _run_task(
     task: Task, fetcher: Fetcher, arena: Arena, conn: Connection, sock: socket.socket,
-    kind: int, status: WorkerStatus,
+    kind: int, status: WorkerStatus, stateful: Any,
 ) -> bool:
     """Run one task and send its outcome; True when the dataset's stream has ended."""
     arena.begin_task()
@@ -336,6 +346,7 @@ def _run_task(
         conn.send(_failure(task.task_id, exc, "while sending the batch to the main process"))
         return False
     del data
+    state = pickle.dumps(stateful.state_dict()) if stateful is not None else None
     used, new, retired = arena.end_task(sent=True)
     conn.send(
         Done(
@@ -345,6 +356,7 @@ def _run_task(
             new_segments=tuple(NewSegment(s.segment_id, s.nbytes) for s in new),
             retired=retired,
             skipped=_skips(fetcher),
+            stream_state=state,
         )
     )
     if new:

@@ -212,3 +212,13 @@ def test_invalid_recovery_options() -> None:
         with pytest.raises(ValueError, match=pattern):
             sl.DataLoader(MapDS(4), num_workers=1, **kwargs)
     _ = PidDS
+
+
+def test_stateful_iterable_dataset_resumes_where_the_dead_worker_stopped(tmp_path: Path) -> None:
+    from tests.datasets import StatefulStream
+
+    got = _batches(sl.DataLoader(StatefulStream(40, kill_at=17, marker_dir=str(tmp_path)),
+                                 batch_size=3, num_workers=2))
+    want = _batches(torch.utils.data.DataLoader(StatefulStream(40, kill_at=-1, marker_dir=""),
+                                                batch_size=3, num_workers=2))
+    assert got == want and (tmp_path / "k").exists()
