@@ -188,17 +188,17 @@ def worker_died(
     name = signal_name(exitcode)
     how = f"was killed by {name}" if name else f"exited with status {exitcode}"
     plural = "es" if batches_held != 1 else ""
+    held = (
+        f"{batches_held} batch{plural}: samples {format_indices(sample_indices)}"
+        if batches_held else "no batch"
+    )
     if sample is not None:
-        what = f"while loading sample {sample!r}"
-        if batches_held:
-            what += f" (it held {batches_held} batch{plural}: samples "
-            what += f"{format_indices(sample_indices)})"
+        what = f"while loading sample {sample!r} (it held {held})"
+    elif ev.stage in ("collating", "sending"):
+        what = f"while {ev.stage} a batch (it held {held})"
     elif batches_held:
-        doing = f"while {ev.stage} " if ev.stage and ev.stage != "loading" else "while loading "
-        what = (
-            f"{doing}{batches_held} batch{'es' if batches_held != 1 else ''} "
-            f"(samples {format_indices(sample_indices)})"
-        )
+        what = f"while it held {batches_held} batch{plural} (samples "
+        what += f"{format_indices(sample_indices)})"
     else:
         what = "while it held no batch"
     cause, fix = _cause_and_fix(exitcode, start_method, ev)

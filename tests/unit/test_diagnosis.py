@@ -19,7 +19,7 @@ def test_sigbus_points_at_shared_memory() -> None:
     )
     text = str(err)
     assert text.splitlines()[0] == "DataLoader worker (pid 41872) is killed by signal: Bus error."
-    assert "worker 3 (pid 41872) was killed by SIGBUS while loading 1 batch (samples [1207])" in text
+    assert "worker 3 (pid 41872) was killed by SIGBUS while it held 1 batch (samples [1207])" in text
     assert "/dev/shm" in text and "--shm-size" in text
     assert err.sample_indices == [1207] and err.signal_name == "SIGBUS"
 
