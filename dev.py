@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
     ensure_venv()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if argv[0] == "demo":
-        cmd = [str(PY), str(ROOT / "examples" / "demo_throughput.py"), *argv[1:]]
+        cmd = [str(PY), str(ROOT / "examples" / "lora_vlm" / "demo.py"), *argv[1:]]
     else:
         cmd = [str(PY), "-m", "pytest", *argv[1:]]
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode

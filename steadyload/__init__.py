@@ -1,46 +1,63 @@
 """steadyload: multi-worker data loading for PyTorch that never hangs silently.
 
-Import everything from here; other modules are private.
+Import everything from here; other modules are private. Names are resolved on first use,
+so that ``import steadyload; steadyload.prestart()`` starts the fork server before this
+process spends a second importing torch.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__ as __version__
-from .errors import MainGuardError as MainGuardError
-from .errors import NotPicklableError as NotPicklableError
-from .errors import SteadyloadError as SteadyloadError
-from .errors import UnsafeForkError as UnsafeForkError
-from .errors import WorkerDiedError as WorkerDiedError
-from .errors import WorkerHangError as WorkerHangError
-from .errors import WorkerStartError as WorkerStartError
-from .loader import DataLoader as DataLoader
-from .per_worker import per_worker as per_worker
-from .report import LoaderReport as LoaderReport
-from .report import WorkerReport as WorkerReport
 
-__all__ = [
-    "DataLoader",
-    "LoaderReport",
-    "MainGuardError",
-    "NotPicklableError",
-    "SteadyloadError",
-    "UnsafeForkError",
-    "WorkerDiedError",
-    "WorkerHangError",
-    "WorkerReport",
-    "WorkerStartError",
-    "per_worker",
-]
+if TYPE_CHECKING:
+    from .errors import MainGuardError as MainGuardError
+    from .errors import NotPicklableError as NotPicklableError
+    from .errors import SkipLimitError as SkipLimitError
+    from .errors import SteadyloadError as SteadyloadError
+    from .errors import UnsafeForkError as UnsafeForkError
+    from .errors import WorkerDiedError as WorkerDiedError
+    from .errors import WorkerHangError as WorkerHangError
+    from .errors import WorkerStartError as WorkerStartError
+    from .loader import DataLoader as DataLoader
+    from .per_worker import per_worker as per_worker
+    from .report import LoaderReport as LoaderReport
+    from .report import WorkerReport as WorkerReport
+    from .start import prestart as prestart
+
+_EXPORTS = {
+    "DataLoader": ".loader",
+    "LoaderReport": ".report",
+    "MainGuardError": ".errors",
+    "NotPicklableError": ".errors",
+    "SkipLimitError": ".errors",
+    "SteadyloadError": ".errors",
+    "UnsafeForkError": ".errors",
+    "WorkerDiedError": ".errors",
+    "WorkerHangError": ".errors",
+    "WorkerReport": ".report",
+    "WorkerStartError": ".errors",
+    "per_worker": ".per_worker",
+    "prestart": ".start",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
-def _fixup_module_metadata() -> None:
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'steadyload' has no attribute {name!r}")
+    obj = getattr(importlib.import_module(module, __name__), name)
     # Public objects report `steadyload` as their module (Trio's fixup_module_metadata), so
     # reprs, docs and pickles name the public path.
-    for name in __all__:
-        obj = globals()[name]
-        if getattr(obj, "__module__", "").startswith("steadyload."):
-            obj.__module__ = "steadyload"
+    if getattr(obj, "__module__", "").startswith("steadyload."):
+        obj.__module__ = "steadyload"
+    globals()[name] = obj
+    return obj
 
 
-_fixup_module_metadata()
-del _fixup_module_metadata
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -14,6 +14,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .engine.fetch import AllSkipped, Fetcher
+from .errors import SkipLimitError
 from .report import RunRecord, SkippedSample
 
 if TYPE_CHECKING:
@@ -45,6 +46,40 @@ class WorkerException(Exception):
     """Stands in for a dataset exception that could not be pickled; keeps its type and text."""
 
 
+SKIP_LIMIT = 64
+
+
+class SkipGuard:
+    """Stops ``on_error="skip"`` from skipping everything: SKIP_LIMIT failures in a row raise."""
+
+    def __init__(self) -> None:
+        self._run = 0
+        self._first: SkippedSample | None = None
+
+    def skipped(self, sample: SkippedSample) -> None:
+        """A sample was left out; raises `SkipLimitError` at the limit."""
+        if self._run == 0:
+            self._first = sample
+        self._run += 1
+        if self._run >= SKIP_LIMIT and self._first is not None:
+            first = self._first
+            raise SkipLimitError(
+                f"on_error='skip' left out {self._run} samples in a row without loading a "
+                f"single one; the first was sample {first.index!r}: {first.error_type}: "
+                f"{first.message}\n"
+                "Why: skipping is for the odd corrupt file; when every sample fails, the "
+                "cause is a bug or a wrong path, and skipping would go on forever.\n"
+                f"Fix: load that sample in this process (dataset[{first.index!r}]) to see "
+                "the error with its traceback.",
+                first_index=first.index,
+                first_error=f"{first.error_type}: {first.message}",
+            )
+
+    def delivered(self) -> None:
+        """A batch with at least one sample arrived."""
+        self._run = 0
+
+
 class _InProcessIter(_BaseDataLoaderIter):
     """num_workers=0: load in this process, with torch's semantics and steadyload's notes."""
 
@@ -61,6 +96,7 @@ class _InProcessIter(_BaseDataLoaderIter):
             self._collate_fn, self._drop_last, skip_errors=loader._options.on_error == "skip",
         )  # fmt: skip
         self.record = RunRecord("in-process", ())
+        self._guard = SkipGuard()
 
     def _next_data(self) -> Any:
         while True:
@@ -77,6 +113,7 @@ class _InProcessIter(_BaseDataLoaderIter):
                 add_note(exc, f"steadyload: raised in the main process {self._fetcher.where}")
                 raise
             self._record_skips()
+            self._guard.delivered()
             break
         if self._pin_memory:
             data = _pin_memory(data, self._pin_memory_device)
@@ -85,7 +122,9 @@ class _InProcessIter(_BaseDataLoaderIter):
     def _record_skips(self) -> None:
         for index, type_name, text in self._fetcher.skipped:
             _LOG.warning("skipped sample %r: %s: %s", index, type_name, text)
-            self.record.skipped.append(SkippedSample(index, type_name, text))
+            sample = SkippedSample(index, type_name, text)
+            self.record.skipped.append(sample)
+            self._guard.skipped(sample)
 
 
 class _DatasetError(Exception):

@@ -28,14 +28,21 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from . import _system, diagnosis, start
-from ._iterators import RemoteTraceback, WorkerException, _DatasetError, _flat, add_note
+from ._iterators import (
+    RemoteTraceback,
+    SkipGuard,
+    WorkerException,
+    _DatasetError,
+    _flat,
+    add_note,
+)
 from .engine.fetch import ITERABLE
 from .engine.protocol import Empty, Exhausted, Failed, Ready, Retire, Skip, StartFailed
 from .engine.status import IDLE, LOADING, STAGES
 from .engine.supervisor import Died, Supervisor
 from .engine.worker import WorkerConfig
 from .errors import WorkerStartError
-from .report import RestartReport, RunRecord, SkippedSample, WorkerReport
+from .report import RestartReport, RunRecord, SkippedSample, WorkerReport, summarize_modules
 
 if TYPE_CHECKING:
     from .loader import DataLoader
@@ -107,6 +114,7 @@ class _WorkerIter(_BaseDataLoaderIter):
         self._hung: dict[int, tuple[int, str]] = {}  # worker -> (task id, stack) being killed
         self._retiring: dict[int, int] = {}  # worker -> USS that passed max_worker_memory
         self._memory_sampled = 0.0
+        self._guard = SkipGuard()
         self._oom_kills = _system.cgroup_memory().oom_kills
         self._start_workers()
         self._reset(loader, first_iter=True)
@@ -269,6 +277,7 @@ class _WorkerIter(_BaseDataLoaderIter):
             done, batch = event
             task = self._settle(done.task_id)
             self._record_skips(done.skipped)
+            self._guard.delivered()
             if done.stream_state is not None and task is not None:
                 self._stream_state[worker_id] = done.stream_state
             if task is not None:
@@ -312,7 +321,9 @@ class _WorkerIter(_BaseDataLoaderIter):
     def _record_skips(self, skipped: tuple[Skip, ...]) -> None:
         for skip in skipped:
             _LOG.warning("skipped sample %r: %s: %s", skip.index, skip.type_name, skip.text)
-            self.record.skipped.append(SkippedSample(skip.index, skip.type_name, skip.text))
+            sample = SkippedSample(skip.index, skip.type_name, skip.text)
+            self.record.skipped.append(sample)
+            self._guard.skipped(sample)
 
     def _on_ready(self, worker_id: int, ready: Ready) -> None:
         assert self._supervisor is not None
@@ -324,7 +335,7 @@ class _WorkerIter(_BaseDataLoaderIter):
             _LOG.warning(
                 "the fork server could not import %s (CPython skips failed preloads "
                 "silently); every worker imports them itself, which is slower",
-                ", ".join(ready.preload_missing),
+                summarize_modules(ready.preload_missing),
             )
         if ready.preload_missing is not None:
             record.preload_missing = ready.preload_missing

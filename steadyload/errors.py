@@ -13,6 +13,7 @@ from collections.abc import Sequence
 __all__ = [
     "MainGuardError",
     "NotPicklableError",
+    "SkipLimitError",
     "SteadyloadError",
     "UnsafeForkError",
     "WorkerDiedError",
@@ -126,3 +127,29 @@ class MainGuardError(SteadyloadError, RuntimeError):
     forkserver and spawn workers import the main script; without the guard that import
     would run the training code again in every worker.
     """
+
+
+class SkipLimitError(SteadyloadError, RuntimeError):
+    """``on_error="skip"`` skipped so many samples in a row that it cannot be bad data.
+
+    Skipping is for the odd corrupt file; a dataset where every sample fails (a wrong
+    path, a bug in ``__getitem__``) would otherwise be skipped forever, silently.
+
+    Attributes:
+        first_index: the first sample of the run of failures.
+        first_error: its exception type and message.
+    """
+
+    def __init__(self, message: str, *, first_index: object, first_error: str) -> None:
+        super().__init__(message)
+        self.first_index = first_index
+        self.first_error = first_error
+
+
+# Public names report the package they are imported from (see steadyload/__init__.py).
+for _public in (
+    SteadyloadError, WorkerDiedError, WorkerStartError, WorkerHangError, UnsafeForkError,
+    NotPicklableError, MainGuardError, SkipLimitError,
+):
+    _public.__module__ = "steadyload"
+del _public

@@ -199,3 +199,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             preload_missing=None,
             workers=(),
         )
+
+
+# Public names report the package they are imported from (see steadyload/__init__.py).
+for _public in (DataLoader,):
+    _public.__module__ = "steadyload"
+del _public

@@ -103,3 +103,8 @@ def _rebuild(factory_bytes: bytes) -> per_worker[Any]:
 
     return per_worker(pickle.loads(factory_bytes))
 
+
+# Public names report the package they are imported from (see steadyload/__init__.py).
+for _public in (per_worker,):
+    _public.__module__ = "steadyload"
+del _public

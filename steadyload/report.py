@@ -5,6 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def summarize_modules(names: tuple[str, ...], limit: int = 12) -> str:
+    """Top-level packages of ``names`` (with how many modules), at most ``limit`` of them."""
+    counts: dict[str, int] = {}
+    for name in names:
+        top = name.partition(".")[0]
+        counts[top] = counts.get(top, 0) + 1
+    parts = [f"{top} ({n} modules)" if n > 1 else top for top, n in counts.items()]
+    more = len(parts) - limit
+    return ", ".join(parts[:limit]) + (f", ... {more} more packages" if more > 0 else "")
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerReport:
     """One worker process of the latest run."""
@@ -62,13 +73,15 @@ class LoaderReport:
     def __str__(self) -> str:
         lines = [f"steadyload loader report: start method {self.start_method}"]
         if self.preload_requested:
-            lines.append(f"  fork server preload: {', '.join(self.preload_requested)}")
+            lines.append(
+                f"  fork server preload: {summarize_modules(self.preload_requested)}"
+            )
             if self.preload_missing is None:
                 lines.append("  preload result: unknown (fork server started elsewhere)")
             elif self.preload_missing:
                 lines.append(
                     f"  NOT preloaded (import failed in the fork server): "
-                    f"{', '.join(self.preload_missing)}; each worker imports them itself"
+                    f"{summarize_modules(self.preload_missing)}; each worker imports them itself"
                 )
             else:
                 lines.append("  preload result: all imported")
@@ -113,3 +126,9 @@ class RunRecord:
             restarts=tuple(self.restarts),
             skipped=tuple(self.skipped),
         )
+
+
+# Public names report the package they are imported from (see steadyload/__init__.py).
+for _public in (LoaderReport, WorkerReport,):
+    _public.__module__ = "steadyload"
+del _public

@@ -12,18 +12,18 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import json
 import logging
 import multiprocessing
 import multiprocessing.context
+import os
 import sys
 import threading
-import types
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from multiprocessing import forkserver
 from typing import Literal
-
-import torch
 
 from .errors import MainGuardError, UnsafeForkError
 from .pickling import main_is_importable
@@ -36,6 +36,7 @@ START_METHODS: tuple[str, ...] = ("auto", "fork", "spawn", "forkserver")
 # Imported by every worker: preloading it in the fork server makes a worker start a fork.
 _ALWAYS_PRELOAD = ("torch", "steadyload.engine.worker")
 _PROBE = "steadyload._preload_probe"  # last: records what the server really imported
+_PATH = "steadyload._preload_path"  # first: gives the server this process's sys.path
 # Imported by the parent, but not to be imported by a fork server (GPU or UI state).
 _NEVER_PRELOAD = frozenset(
     {"tensorflow", "jax", "jaxlib", "cupy", "pycuda", "IPython", "ipykernel", "pytest",
@@ -78,37 +79,28 @@ def _forkserver_running() -> bool:
     return forkserver._forkserver._forkserver_pid is not None  # type: ignore[attr-defined]
 
 
-def _installed_package(name: str) -> bool:
-    """True for a package installed in site-packages (not a local module with side effects)."""
-    module = sys.modules.get(name)
-    path = getattr(module, "__file__", None) or ""
-    return "site-packages" in path or "dist-packages" in path
+def parent_imports() -> tuple[str, ...]:
+    """Installed modules this process has imported, in import order: the fork server
+    imports them once, so that workers do not each import transformers, peft, ... again.
 
-
-def main_imports() -> tuple[str, ...]:
-    """Installed packages the main script has imported (``import transformers``,
-    ``from peft import ...``): the fork server imports them once instead of every worker.
-
-    Only top-level packages from site-packages count: they are imported for their
-    definitions. Local modules could run anything on import, so they are left out.
+    Only modules from site-packages count: they are imported for their definitions. Local
+    modules could run anything on import, so they are left out (the dataset's own module
+    is added separately).
     """
-    main = sys.modules.get("__main__")
-    if main is None:
-        return ()
-    names: set[str] = set()
-    for value in list(vars(main).values()):
-        module: object
-        if isinstance(value, types.ModuleType):
-            module = value.__name__
-        elif isinstance(value, type) or callable(value):
-            module = getattr(value, "__module__", None)
-        else:
+    names = []
+    for name, module in list(sys.modules.items()):
+        if name in ("__main__", "__mp_main__") or name.partition(".")[0] in _NEVER_PRELOAD:
             continue
-        if isinstance(module, str):
-            names.add(module.split(".")[0])
-    return tuple(
-        sorted(n for n in names if n not in _NEVER_PRELOAD and _installed_package(n))
-    )
+        path = getattr(module, "__file__", None) or ""
+        if "site-packages" in path or "dist-packages" in path:
+            names.append(name)
+    return tuple(names)
+
+
+def _preload_path_env() -> str:
+    from ._preload_path import ENV
+
+    return ENV
 
 
 def _ensure_forkserver(extra_modules: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
@@ -118,22 +110,50 @@ def _ensure_forkserver(extra_modules: tuple[str, ...]) -> tuple[tuple[str, ...],
         was_running = _forkserver_running()
         wanted = tuple(
             dict.fromkeys(
-                m for m in (*_ALWAYS_PRELOAD, *extra_modules, _PROBE) if _importable(m)
+                m for m in (_PATH, *_ALWAYS_PRELOAD, *extra_modules, _PROBE) if _importable(m)
             )
         )
         if not was_running:
             current = list(server._preload_modules)  # type: ignore[attr-defined]  # private
-            merged = current + [m for m in wanted if m not in current]
+            merged = [_PATH] + [m for m in current if m != _PATH]
+            merged += [m for m in wanted if m not in merged]
             server.set_forkserver_preload(merged)
             _LOG.debug("starting the fork server with preload %s", merged)
-        # Starting the server returns at once; it imports the preloads in the background,
-        # so this overlaps with whatever the caller does next (building the model).
-        server.ensure_running()
+            # Read by _preload_path in the server (CPython ignores its sys_path argument).
+            os.environ[_preload_path_env()] = json.dumps(sys.path)
+        try:
+            # Starting the server returns at once; it imports the preloads in the
+            # background, overlapping with whatever the caller does next.
+            server.ensure_running()
+        finally:
+            os.environ.pop(_preload_path_env(), None)
         pid = server._forkserver_pid  # type: ignore[attr-defined]  # private
         if not was_running:
             _started_by_us[pid] = wanted
         # A server started earlier has the preloads of that time (ours, or unknown).
         return _started_by_us.get(pid, ()), was_running
+
+
+def prestart(preload: Iterable[str] = ("torch",)) -> None:
+    """Start the fork server now, importing ``preload`` in it, in the background.
+
+    Call it first thing in a training script (before its heavy imports and the model), so
+    that the fork server imports torch, transformers, ... while this process does the same:
+    the first batch then arrives without waiting for those imports. Later loaders use this
+    server. Does nothing inside a worker, under a platform without forkserver, or if the
+    fork server already runs. Returns at once.
+
+    Args:
+        preload: modules to import in the fork server, e.g. ``["torch", "transformers"]``;
+            local modules are imported too when listed here (they run in the server).
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        return  # a worker importing the main script: never start servers from there
+    if multiprocessing.parent_process() is not None:
+        return
+    _ensure_forkserver(tuple(preload))
 
 
 def resolve_context(
@@ -154,13 +174,15 @@ def resolve_context(
     preload: tuple[str, ...] = ()
     was_running = False
     if method == "forkserver":
-        extra = (*main_imports(), *((dataset_module,) if dataset_module else ()))
+        extra = (*parent_imports(), *((dataset_module,) if dataset_module else ()))
         preload, was_running = _ensure_forkserver(extra)
     return ctx, StartInfo(method=method, preload=preload, server_was_running=was_running)
 
 
 def gpu_context_description() -> str | None:
     """Describe the GPU context that exists in this process, or None when there is none."""
+    import torch  # not at module level: `steadyload.prestart` must not wait for torch
+
     try:
         initialized = torch.cuda.is_initialized()
     except Exception:  # a broken CUDA install must not stop CPU loading

@@ -201,7 +201,39 @@ def _preload_missing(requested: tuple[str, ...]) -> tuple[str, ...] | None:
 def _uss_bytes() -> int:
     import psutil
 
-    return int(psutil.Process().memory_full_info().uss)
+    return int(psutil.Process().memory_full_info().uss)  # reads smaps: milliseconds
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm", "rb") as f:  # microseconds
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _MemoryCap:
+    """Decides after each task whether the worker's USS passed the cap, cheaply.
+
+    RSS >= USS, so while RSS (cheap to read) is under the cap nothing more is needed. Above
+    it, USS (costly: it reads smaps) is measured when RSS grew by 5% of the cap since the
+    last measurement, or after _MEMORY_CHECK_INTERVAL_S.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._measured_at = 0.0
+        self._rss_then = 0
+
+    def exceeded(self) -> int | None:
+        """The USS when it is above the cap, else None."""
+        rss = _rss_bytes()
+        if rss <= self.cap:
+            return None
+        now = time.monotonic()
+        grown = rss - self._rss_then >= 0.05 * self.cap
+        if not grown and now - self._measured_at < _MEMORY_CHECK_INTERVAL_S:
+            return None
+        self._measured_at, self._rss_then = now, rss
+        uss = _uss_bytes()
+        return uss if uss > self.cap else None
 
 
 def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
@@ -261,7 +293,7 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
     _LOG.debug("worker %d started (seed %d)", worker_id, seed)
 
     iteration_end = False
-    checked_memory = 0.0
+    cap = _MemoryCap(cfg.max_memory_bytes) if cfg.max_memory_bytes is not None else None
     try:
         conn.send(Ready(pid=os.getpid(), preload_missing=_preload_missing(cfg.preload)))
         while True:
@@ -296,14 +328,11 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
                 cfg.dataset if cfg.stateful_stream else None,
             )
             status.end()
-            if cfg.max_memory_bytes is not None:
-                now = time.monotonic()
-                if now - checked_memory >= _MEMORY_CHECK_INTERVAL_S:
-                    checked_memory = now
-                    uss = _uss_bytes()
-                    if uss > cfg.max_memory_bytes:
-                        conn.send(Retire(uss))
-                        break
+            if cap is not None:
+                uss = cap.exceeded()
+                if uss is not None:
+                    conn.send(Retire(uss))
+                    break
     except (BrokenPipeError, ConnectionResetError, EOFError):
         pass  # the parent closed our pipe: it is shutting down
     finally:

@@ -239,3 +239,12 @@ def test_stateful_iterable_dataset_resumes_where_the_dead_worker_stopped(tmp_pat
     want = _batches(torch.utils.data.DataLoader(StatefulStream(40, kill_at=-1, marker_dir=""),
                                                 batch_size=3, num_workers=2))
     assert got == want and (tmp_path / "k").exists()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_skipping_every_sample_is_an_error_not_an_endless_loop(num_workers: int, tmp_path: Path) -> None:
+    ds = FaultOnce(200, set(range(200)), "raise", str(tmp_path), always=True)
+    loader = sl.DataLoader(ds, batch_size=4, num_workers=num_workers, on_error="skip")
+    with pytest.raises(sl.SkipLimitError, match=r"on_error='skip' left out 64 samples in a row without loading a single one; the first was sample (\d+): builtins\.ValueError: sample \1 is corrupt\n.*\nFix: load that sample in this process \(dataset\[\1\]\)"):
+        for _ in loader:
+            pass

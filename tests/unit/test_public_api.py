@@ -15,6 +15,7 @@ DOCUMENTED = [
     "LoaderReport",
     "MainGuardError",
     "NotPicklableError",
+    "SkipLimitError",
     "SteadyloadError",
     "UnsafeForkError",
     "WorkerDiedError",
@@ -22,6 +23,7 @@ DOCUMENTED = [
     "WorkerReport",
     "WorkerStartError",
     "per_worker",
+    "prestart",
 ]
 
 
