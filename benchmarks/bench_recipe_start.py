@@ -10,6 +10,8 @@ takes the first batch. On Python 3.11 to 3.13.7 the fork server does not preload
 script, so each torch forkserver worker imports torch, transformers and peft again.
 steadyload preloads what the script imported into the fork server, which it starts when
 the loader is built, so that the imports overlap with building the model.
+With ``steadyload.prestart([...])`` as the script's first statement (the recommended
+recipe), the fork server imports them while the script does.
 Printed: the wait for the first batch (inside ``next()``), and script start to first batch.
 """
 
@@ -29,11 +31,14 @@ SCRIPT = '''
 import time
 T0 = time.perf_counter()
 import json, sys
+sys.path.insert(0, {root!r})
+if __name__ == "__main__" and sys.argv[1] == "steadyload-prestart":
+    import steadyload
+    steadyload.prestart(["torch", "transformers", "peft"])  # first thing, before the imports
 import torch
 import transformers
 from peft import LoraConfig, get_peft_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
-sys.path.insert(0, {root!r})
 import steadyload as sl
 
 
@@ -46,7 +51,7 @@ class Tokens(torch.utils.data.Dataset):
 
 if __name__ == "__main__":
     kind, layers = sys.argv[1], int(sys.argv[2])
-    if kind == "steadyload":
+    if kind.startswith("steadyload"):
         loader = sl.DataLoader(Tokens(), batch_size=4, num_workers=2)
     else:
         loader = torch.utils.data.DataLoader(Tokens(), batch_size=4, num_workers=2,
@@ -63,7 +68,7 @@ if __name__ == "__main__":
                       "script_s": t_first - T0}}))
 '''
 
-KINDS = ["forkserver", "fork", "steadyload"]
+KINDS = ["forkserver", "fork", "steadyload", "steadyload-prestart"]
 
 
 def main() -> None:
@@ -93,7 +98,8 @@ def main() -> None:
     print(f"{'loader':28s} {'first-batch wait':>17s} {'ratio':>7s} "
           f"{'script start->batch':>20s} {'ratio':>7s}")
     names = {"forkserver": "torch, forkserver", "fork": "torch, fork (not GPU-safe)",
-             "steadyload": "steadyload (forkserver)"}
+             "steadyload": "steadyload (forkserver)",
+             "steadyload-prestart": "steadyload + prestart()"}
     for kind in KINDS:
         m = med[kind]
         print(f"{names[kind]:28s} {m['wait_s']:15.3f} s {m['wait_s'] / base['wait_s']:6.2f}x "

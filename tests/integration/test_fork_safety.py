@@ -220,3 +220,40 @@ def test_preloads_of_the_parents_imports_and_failed_preloads_are_reported(tmp_pa
         assert module in preload_line
     assert "NOT preloaded (import failed in the fork server): refuses_fork_server" in out.stdout
     assert "the fork server could not import refuses_fork_server" in out.stderr
+
+
+PRESTART = textwrap.dedent(
+    """
+    import sys
+    import steadyload as sl
+    if __name__ == "__main__":
+        sl.prestart(["torch", "local_helper"])   # before torch is imported here
+        assert "torch" not in sys.modules, "prestart must not import torch in this process"
+    import torch
+    from local_helper import Numbers
+
+    if __name__ == "__main__":
+        loader = sl.DataLoader(Numbers(), batch_size=2, num_workers=2)
+        print([b.tolist() for b in loader])
+        print(loader.report())
+    """
+)
+
+
+def test_prestart_starts_the_fork_server_early_with_local_modules(tmp_path: Path) -> None:
+    (tmp_path / "local_helper.py").write_text(textwrap.dedent(
+        """
+        import torch
+
+        class Numbers(torch.utils.data.Dataset):
+            def __len__(self):
+                return 4
+            def __getitem__(self, i):
+                return i
+        """
+    ))
+    out = _run(PRESTART, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "[[0, 1], [2, 3]]" in out.stdout
+    assert "fork server preload: steadyload (3 modules), torch, local_helper" in out.stdout
+    assert "preload result: all imported" in out.stdout  # the parent's sys.path reached it
