@@ -77,8 +77,9 @@ def load_processor(path: str) -> Any:
     return processor
 
 
-def build_tiny_vlm(out: str) -> None:
-    """Write a tiny random Qwen2.5-VL model and its processor to ``out``."""
+def build_tiny_vlm(out: str, seed: int = 0) -> None:
+    """Write a tiny random Qwen2.5-VL model (weights from ``seed``) and its processor."""
+    import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import (
         Qwen2_5_VLConfig,
@@ -113,6 +114,7 @@ def build_tiny_vlm(out: str) -> None:
                            out_hidden_size=64, window_size=56, fullatt_block_indexes=[1]),
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+    torch.manual_seed(seed)  # the same "random" model every time: reproducible losses
     Qwen2_5_VLForConditionalGeneration(cfg).save_pretrained(out)
 
 
