@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import pickle
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,19 +28,16 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from . import _system, diagnosis, start
 from ._iterators import (
-    RemoteTraceback,
     SkipGuard,
-    WorkerException,
     _DatasetError,
     _flat,
-    add_note,
 )
+from ._recovery import blame, gather_evidence, rebuild_exception, start_failure, stateful
 from .engine.fetch import ITERABLE
 from .engine.protocol import Empty, Exhausted, Failed, Ready, Retire, Skip, StartFailed
-from .engine.status import IDLE, LOADING, STAGES
+from .engine.status import IDLE
 from .engine.supervisor import Died, Supervisor
 from .engine.worker import WorkerConfig
-from .errors import WorkerStartError
 from .report import RestartReport, RunRecord, SkippedSample, WorkerReport, summarize_modules
 
 if TYPE_CHECKING:
@@ -65,7 +61,6 @@ class _Task:
 class _Epoch:
     """The task table of one epoch: task id -> `_Task`, for tasks not yet yielded."""
 
-    first_id: int
     tasks: dict[int, _Task] = field(default_factory=dict)
     rcvd: int = 0
     outstanding: int = 0  # tasks sent whose outcome has not arrived (torch's _tasks_outstanding)
@@ -97,7 +92,7 @@ class _WorkerIter(_BaseDataLoaderIter):
             preload=self._start_info.preload,
             skip_errors=self._opts.on_error == "skip",
             max_memory_bytes=self._opts.max_worker_memory_bytes,
-            stateful_stream=self._dataset_kind == ITERABLE and _stateful(self._dataset),
+            stateful_stream=self._dataset_kind == ITERABLE and stateful(self._dataset),
         )
         self._stream_state: dict[int, bytes] = {}  # worker -> state after its last batch
         self._supervisor: Supervisor | None = None
@@ -105,7 +100,7 @@ class _WorkerIter(_BaseDataLoaderIter):
         self._next_task_id = 0
         self._stale: dict[int, int] = {}  # task id -> worker, for tasks of abandoned epochs
         self._arrived: collections.deque[int] = collections.deque()
-        self._epoch = _Epoch(first_id=0)
+        self._epoch = _Epoch()
         self._active = [True] * self._num_workers
         self._per_worker = [0] * self._num_workers
         self._cycle = itertools.cycle(range(self._num_workers))
@@ -153,7 +148,7 @@ class _WorkerIter(_BaseDataLoaderIter):
         self._stale.update(
             {tid: t.worker_id for tid, t in self._epoch.tasks.items() if not t.has_outcome}
         )
-        self._epoch = _Epoch(first_id=self._next_task_id, rcvd=self._next_task_id)
+        self._epoch = _Epoch(rcvd=self._next_task_id)
         self._arrived.clear()
         self._active = [True] * self._num_workers
         self._per_worker = [0] * self._num_workers
@@ -290,7 +285,8 @@ class _WorkerIter(_BaseDataLoaderIter):
         elif isinstance(event, Failed):
             task = self._settle(event.task_id)
             if task is not None:
-                task.outcome = self._rebuild_exception(worker_id, event)
+                pid = self._supervisor.pid(worker_id) if self._supervisor else None
+                task.outcome = rebuild_exception(worker_id, pid, event)
                 task.has_outcome = task.failed = True
                 self._note_arrival(event.task_id)
         elif isinstance(event, Empty):
@@ -307,7 +303,9 @@ class _WorkerIter(_BaseDataLoaderIter):
         elif isinstance(event, Retire):
             self._retiring[worker_id] = event.uss_bytes
         elif isinstance(event, StartFailed):
-            raise self._start_failure(worker_id, event)
+            assert self._supervisor is not None
+            pid = self._supervisor.pid(worker_id)
+            raise start_failure(worker_id, pid, self._start_info.method, event)
         else:
             raise RuntimeError(
                 f"[steadyload internal error] unexpected message {event!r} from worker "
@@ -404,43 +402,14 @@ class _WorkerIter(_BaseDataLoaderIter):
             )
             self._supervisor.kill(worker_id)  # its death arrives as a Died event
 
-    def _blame(self, held: list[tuple[int, _Task]], died: Died) -> tuple[Any, int | None]:
-        """(the sample the worker was loading, the task it was running), when known."""
-        progress = died.progress
-        if progress is None or progress.stage == IDLE:
-            return None, None
-        task = self._epoch.tasks.get(progress.task_id)
-        if task is None or not any(tid == progress.task_id for tid, _ in held):
-            return None, None
-        indices = task.indices
-        if progress.stage == LOADING and progress.position >= 0:
-            if isinstance(indices, list) and progress.position < len(indices):
-                return indices[progress.position], progress.task_id
-            if not isinstance(indices, list):
-                return indices, progress.task_id
-        return None, progress.task_id
-
-    def _evidence(self, died: Died) -> diagnosis.Evidence:
-        memory = _system.cgroup_memory()
-        progress = died.progress
-        return diagnosis.Evidence(
-            rss_bytes=died.rss_bytes,
-            memory_limit_bytes=memory.limit_bytes or _system.total_memory_bytes(),
-            oom_kills_before=self._oom_kills,
-            oom_kills_after=memory.oom_kills,
-            shm=_system.shm_space(),
-            stacks=died.stacks,
-            libraries=died.libraries,
-            stage=STAGES.get(progress.stage, "") if progress else "",
-        )
-
     def _on_died(self, worker_id: int, died: Died) -> None:
         assert self._supervisor is not None
         held = self._held_by(worker_id)
         for tid in [tid for tid, owner in self._stale.items() if owner == worker_id]:
             del self._stale[tid]  # never answered now; no need to re-run a finished epoch
-        sample, blamed_task = self._blame(held, died)
-        evidence = self._evidence(died)
+        held_ids = {tid for tid, _ in held}
+        sample, blamed_task = blame(died.progress, self._epoch.tasks, held_ids)
+        evidence = gather_evidence(died, self._oom_kills)
         self._oom_kills = evidence.oom_kills_after
         hung = self._hung.pop(worker_id, None)
         retired_uss = self._retiring.pop(worker_id, None)
@@ -546,55 +515,3 @@ class _WorkerIter(_BaseDataLoaderIter):
             self._supervisor.send_task(worker_id, tid, task.indices)
 
     # -- errors ------------------------------------------------------------------------------
-    def _start_failure(self, worker_id: int, failed: StartFailed) -> BaseException:
-        assert self._supervisor is not None
-        return WorkerStartError(
-            f"DataLoader worker {worker_id} (pid {self._supervisor.pid(worker_id)}) could "
-            f"not start: {failed.type_name}: {failed.text}\n"
-            "Likely cause: the dataset, collate_fn or worker_init_fn could not be unpickled "
-            f"in a {self._start_info.method} worker, which imports them by module and name.\n"
-            "Fix: define them at module level in an importable module (not in a notebook "
-            "or inside a function), or use start_method='fork' when no GPU is in use.\n"
-            f"Worker traceback:\n{failed.traceback}",
-            worker_id=worker_id,
-            pid=self._supervisor.pid(worker_id),
-        )
-
-    def _rebuild_exception(self, worker_id: int, failed: Failed) -> BaseException:
-        exc: BaseException
-        if failed.exception is not None:
-            try:
-                exc = pickle.loads(failed.exception)
-            except Exception:
-                exc = WorkerException(f"{failed.type_name}: {failed.text}")
-        else:
-            exc = WorkerException(
-                f"{failed.type_name}: {failed.text} (the original exception could not be "
-                "pickled, so it is re-raised under this type)"
-            )
-        pid = self._supervisor.pid(worker_id) if self._supervisor else None
-        add_note(exc, f"steadyload: raised in worker {worker_id} (pid {pid}) {failed.where}")
-        if isinstance(exc, OSError) and exc.errno == 24:
-            add_note(exc, _too_many_files_note())
-        exc.__cause__ = RemoteTraceback(failed.traceback)
-        return exc
-
-
-def _stateful(dataset: Any) -> bool:
-    return callable(getattr(dataset, "state_dict", None)) and callable(
-        getattr(dataset, "load_state_dict", None)
-    )
-
-
-def _too_many_files_note() -> str:
-    import torch.multiprocessing as tmp
-
-    soft, hard = _system.fd_limits()
-    return (
-        f"steadyload: 'Too many open files': this process may have {soft} open files "
-        f"(ulimit -n; the hard limit is {hard}); torch's sharing strategy is "
-        f"{tmp.get_sharing_strategy()!r}. Fix: raise the limit (ulimit -n {hard}), close "
-        "files in __getitem__ (use `with open(...)`), or keep fewer batches alive; torch's "
-        "'file_system' sharing strategy uses no descriptor per shared tensor."
-    )
-

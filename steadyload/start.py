@@ -54,9 +54,8 @@ class StartInfo:
     method: str
     """The start method the workers use: "fork", "spawn" or "forkserver"."""
     preload: tuple[str, ...]
-    """Modules steadyload asked the fork server to import (empty unless forkserver)."""
-    server_was_running: bool
-    """True when the fork server had been started before: then our preloads may be missing."""
+    """Modules the fork server was asked to import by steadyload (empty: none, or the
+    server was started by someone else)."""
 
 
 def default_method() -> str:
@@ -103,7 +102,7 @@ def _preload_path_env() -> str:
     return ENV
 
 
-def _ensure_forkserver(extra_modules: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
+def _ensure_forkserver(extra_modules: tuple[str, ...]) -> tuple[str, ...]:
     """Merge our preloads into the fork server's list and start it if it is not running."""
     with _preload_lock:
         server = forkserver._forkserver  # the process-wide singleton
@@ -131,7 +130,7 @@ def _ensure_forkserver(extra_modules: tuple[str, ...]) -> tuple[tuple[str, ...],
         if not was_running:
             _started_by_us[pid] = wanted
         # A server started earlier has the preloads of that time (ours, or unknown).
-        return _started_by_us.get(pid, ()), was_running
+        return _started_by_us.get(pid, ())
 
 
 def prestart(preload: Iterable[str] = ("torch",)) -> None:
@@ -172,11 +171,10 @@ def resolve_context(
         ctx = multiprocessing.get_context(method)
     method = ctx.get_start_method()
     preload: tuple[str, ...] = ()
-    was_running = False
     if method == "forkserver":
         extra = (*parent_imports(), *((dataset_module,) if dataset_module else ()))
-        preload, was_running = _ensure_forkserver(extra)
-    return ctx, StartInfo(method=method, preload=preload, server_was_running=was_running)
+        preload = _ensure_forkserver(extra)
+    return ctx, StartInfo(method=method, preload=preload)
 
 
 def gpu_context_description() -> str | None:

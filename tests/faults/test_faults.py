@@ -197,6 +197,13 @@ def _gone(pids: list[int]) -> bool:
     return True
 
 
+def _reap(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    if proc.stdout:
+        proc.stdout.close()
+    proc.wait(timeout=10)
+
+
 def test_workers_exit_when_the_parent_is_sigkilled() -> None:
     proc, pids = _run_scenario("sleep")
     try:
@@ -204,10 +211,7 @@ def test_workers_exit_when_the_parent_is_sigkilled() -> None:
         proc.wait(timeout=10)
         wait_until(lambda: _gone(pids), 5.0, what=f"workers {pids} to exit after the parent's SIGKILL")
     finally:
-        proc.kill()
-        if proc.stdout:
-            proc.stdout.close()
-        proc.wait(timeout=10)
+        _reap(proc)
 
 
 def test_workers_exit_when_the_script_ends_with_an_error() -> None:
@@ -216,10 +220,7 @@ def test_workers_exit_when_the_script_ends_with_an_error() -> None:
         assert proc.wait(timeout=20) == 1, "the script should end with SystemExit('boom')"
         wait_until(lambda: _gone(pids), 5.0, what=f"workers {pids} to exit with the script")
     finally:
-        proc.kill()
-        if proc.stdout:
-            proc.stdout.close()
-        proc.wait(timeout=10)
+        _reap(proc)
 
 
 def test_fork_is_refused_when_a_gpu_context_exists(monkeypatch: pytest.MonkeyPatch) -> None:

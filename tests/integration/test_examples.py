@@ -26,11 +26,6 @@ def test_per_worker_processor_example_builds_once_per_worker() -> None:
     assert "the main process built it 0 times" in out
 
 
-def test_notebook_style_example_from_stdin() -> None:
-    out = _run("-", stdin=(ROOT / "examples" / "notebook_style.py").read_text())
-    assert "sums of squares per batch: [14, 126]" in out
-
-
 def test_error_gallery_shows_each_message() -> None:
     out = _run("examples/error_gallery.py")
     assert "dataset.db: cannot pickle 'sqlite3.Connection' object" in out

@@ -99,26 +99,14 @@ def _run(code: str, tmp_path: Path, *, stdin: bool = False, timeout: float = 120
                           cwd=tmp_path, env=env, timeout=timeout)
 
 
-NOTEBOOK = textwrap.dedent(
-    """
-    import torch, steadyload as sl
-
-    class Squares(torch.utils.data.Dataset):
-        def __len__(self):
-            return 8
-        def __getitem__(self, i):
-            return i * i
-
-    loader = sl.DataLoader(Squares(), batch_size=4, num_workers=2, collate_fn=lambda b: sum(b))
-    print("batches", list(loader))
-    """
-)
+# examples/notebook_style.py: a dataset class and a lambda in a script read from stdin.
+NOTEBOOK = (ROOT / "examples" / "notebook_style.py").read_text()
 
 
 def test_dataset_defined_in_a_script_read_from_stdin(tmp_path: Path) -> None:
     out = _run(NOTEBOOK, tmp_path, stdin=True)
     assert out.returncode == 0, out.stderr
-    assert "batches [14, 126]" in out.stdout
+    assert "sums of squares per batch: [14, 126]" in out.stdout
 
 
 def test_torch_fails_on_the_same_stdin_script(tmp_path: Path) -> None:
