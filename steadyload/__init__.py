@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from .per_worker import per_worker as per_worker
     from .report import LoaderReport as LoaderReport
     from .report import WorkerReport as WorkerReport
+    from .shared_list import SharedDict as SharedDict
+    from .shared_list import SharedList as SharedList
     from .start import prestart as prestart
 
 _EXPORTS = {
@@ -32,6 +34,8 @@ _EXPORTS = {
     "LoaderReport": ".report",
     "MainGuardError": ".errors",
     "NotPicklableError": ".errors",
+    "SharedDict": ".shared_list",
+    "SharedList": ".shared_list",
     "SkipLimitError": ".errors",
     "SteadyloadError": ".errors",
     "UnsafeForkError": ".errors",

@@ -429,3 +429,16 @@ class StatefulStream(IterableDataset[Any]):
                     pass
             self.position += 1
             yield torch.tensor([i])
+
+
+class SharedRows(Dataset[Any]):
+    """Metadata in a SharedList; samples return the record and the list's segment size."""
+
+    def __init__(self, rows: list[Any]) -> None:
+        self.rows = sl.SharedList(rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Any:
+        return {"row": self.rows[i], "pid": os.getpid()}

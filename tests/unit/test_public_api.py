@@ -15,6 +15,8 @@ DOCUMENTED = [
     "LoaderReport",
     "MainGuardError",
     "NotPicklableError",
+    "SharedDict",
+    "SharedList",
     "SkipLimitError",
     "SteadyloadError",
     "UnsafeForkError",
