@@ -38,6 +38,7 @@ from .engine.protocol import Empty, Exhausted, Failed, Ready, Retire, Skip, Star
 from .engine.status import IDLE
 from .engine.supervisor import Died, Supervisor
 from .engine.worker import WorkerConfig
+from .memory import check_copy_on_read
 from .report import RestartReport, RunRecord, SkippedSample, WorkerReport, summarize_modules
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class _WorkerIter(_BaseDataLoaderIter):
         start.check_fork_safe(self._start_info.method)
         start.check_main_guard(self._start_info.method)
         start.warn_if_threads_before_fork(self._start_info.method)
+        check_copy_on_read(self._dataset, self._num_workers, self._start_info.method)
         self.record = RunRecord(self._start_info.method, self._start_info.preload)
         self._config = WorkerConfig(
             dataset_kind=self._dataset_kind,

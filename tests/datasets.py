@@ -442,3 +442,17 @@ class SharedRows(Dataset[Any]):
 
     def __getitem__(self, i: int) -> Any:
         return {"row": self.rows[i], "pid": os.getpid()}
+
+
+class BigMetadata(Dataset[Any]):
+    """Metadata in a plain Python list of 150,000 dicts: every worker would copy it."""
+
+    def __init__(self, shared: bool = False) -> None:
+        rows = [{"file": f"img/{i:06d}.jpg", "label": i % 10} for i in range(150_000)]
+        self.rows = sl.SharedList(rows) if shared else rows
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> Any:
+        return self.rows[i]["label"]

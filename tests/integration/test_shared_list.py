@@ -61,3 +61,23 @@ def test_shared_dict_lookup() -> None:
     with pytest.raises(KeyError):
         shared["key-500"]
     assert list(shared) == list(mapping)  # iteration keeps insertion order, like dict
+
+
+@pytest.mark.parametrize(("method", "cost"), [
+    ("forkserver", r"under forkserver each of the 2 workers gets a pickled copy: \d+ MiB in total"),
+    ("fork", r"under fork each of the 2 workers copies the pages it reads"),
+])
+def test_large_python_metadata_is_flagged_once_with_the_fix(method: str, cost: str) -> None:
+    from steadyload import memory
+    from tests.datasets import BigMetadata
+
+    memory._warned.clear()
+    with pytest.warns(UserWarning, match=rf"steadyload: self\.rows of BigMetadata is a Python list of 150,000 items, about \d+ MiB; {cost}.*Fix: `self\.rows = steadyload\.SharedList\(self\.rows\)` in __init__"):
+        assert len(list(sl.DataLoader(BigMetadata(), batch_size=4, num_workers=2, start_method=method))) == 2
+    # Wrapped in a SharedList: nothing to say.
+    memory._warned.clear()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(list(sl.DataLoader(BigMetadata(shared=True), batch_size=4, num_workers=2))) == 2

@@ -1,0 +1,98 @@
+"""Memory advice: spot the Python containers that every worker would copy.
+
+A dataset that holds its metadata in a large Python list or dict pays for it once per
+worker: pickled into each forkserver/spawn worker, or, under fork, copied page by page as
+the workers touch the objects' reference counts (copy-on-read, pytorch issue 13246).
+`check_copy_on_read` scans the dataset's attributes (and theirs, one level down), estimates
+the size of large containers from a sample of their items, and warns once, with the fix.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any
+
+from ._system import gib
+
+LARGE_LEN = 100_000
+LARGE_BYTES = 100 << 20
+_SAMPLE = 64
+_warned: set[tuple[str, str]] = set()
+
+
+def estimate_bytes(container: Any) -> int:
+    """Approximate memory of a list/tuple/set/dict and the objects in it (sampled)."""
+    n = len(container)
+    if n == 0:
+        return sys.getsizeof(container)
+    items = container.items() if isinstance(container, dict) else container
+    sample = []
+    for k, item in enumerate(items):
+        if k >= _SAMPLE:
+            break
+        sample.append(item)
+    per_item = sum(_deep_size(x) for x in sample) / len(sample)
+    return int(sys.getsizeof(container) + per_item * n)
+
+
+def _deep_size(obj: Any, depth: int = 2) -> int:
+    size = sys.getsizeof(obj)
+    if depth == 0:
+        return size
+    if isinstance(obj, dict):
+        size += sum(_deep_size(k, depth - 1) + _deep_size(v, depth - 1) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        size += sum(_deep_size(x, depth - 1) for x in obj)
+    return size
+
+
+def _large(value: Any) -> bool:
+    return isinstance(value, (list, tuple, dict, set)) and (
+        len(value) > LARGE_LEN or estimate_bytes(value) > LARGE_BYTES
+    )
+
+
+def large_containers(dataset: Any) -> list[tuple[str, Any]]:
+    """(attribute path, container) for large containers on the dataset, one level down."""
+    found = []
+    for name, value in list(getattr(dataset, "__dict__", {}).items()):
+        if _large(value):
+            found.append((f"self.{name}", value))
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            found.extend(
+                (f"self.{name}.{inner}", v)
+                for inner, v in list(vars(value).items())
+                if _large(v)
+            )
+    return found
+
+
+def check_copy_on_read(dataset: Any, num_workers: int, method: str) -> None:
+    """Warn once per attribute about large Python containers every worker would copy."""
+    for path, value in large_containers(dataset):
+        key = (type(dataset).__qualname__, path)
+        if key in _warned:
+            continue
+        _warned.add(key)
+        nbytes = estimate_bytes(value)
+        if method == "fork":
+            cost = (
+                f"under fork each of the {num_workers} workers copies the pages it reads "
+                f"(reading writes reference counts): up to {gib(nbytes * num_workers)} more "
+                "by the end of an epoch"
+            )
+        else:
+            cost = (
+                f"under {method} each of the {num_workers} workers gets a pickled copy: "
+                f"{gib(nbytes * num_workers)} in total"
+            )
+        shared = "SharedDict" if isinstance(value, dict) else "SharedList"
+        warnings.warn(
+            f"steadyload: {path} of {type(dataset).__name__} is a Python "
+            f"{type(value).__name__} of {len(value):,} items, about {gib(nbytes)}; {cost}. "
+            f"Fix: `{path} = steadyload.{shared}({path})` in __init__ (one copy in shared "
+            "memory for all workers).",
+            UserWarning,
+            stacklevel=4,
+        )
