@@ -38,7 +38,7 @@ from .engine.protocol import Empty, Exhausted, Failed, Ready, Retire, Skip, Star
 from .engine.status import IDLE
 from .engine.supervisor import Died, Supervisor
 from .engine.worker import WorkerConfig
-from .memory import check_copy_on_read
+from .memory import MemorySampler, check_copy_on_read
 from .report import RestartReport, RunRecord, SkippedSample, WorkerReport, summarize_modules
 
 if TYPE_CHECKING:
@@ -122,12 +122,17 @@ class _WorkerIter(_BaseDataLoaderIter):
         started = time.monotonic()
         supervisor.start()
         self._supervisor = supervisor
+        self._memory = MemorySampler(supervisor.pids)
+        self.record.memory = self._memory.snapshot
         _LOG.debug(
             "started %d workers with %s in %.3f s",
             self._num_workers, self._start_info.method, time.monotonic() - started,
         )  # fmt: skip
 
     def _shutdown_workers(self) -> None:
+        memory = getattr(self, "_memory", None)
+        if memory is not None:
+            memory.stop()
         if self._supervisor is not None:
             self._supervisor.shutdown()
             self._supervisor = None
@@ -214,6 +219,8 @@ class _WorkerIter(_BaseDataLoaderIter):
                     del epoch.tasks[epoch.rcvd]  # its worker's stream ended first
                 epoch.rcvd += 1
             else:
+                for warning in self._memory.end_epoch():
+                    _LOG.warning(warning)
                 if not self._persistent_workers:
                     self._shutdown_workers()
                 raise StopIteration

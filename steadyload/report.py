@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / (1 << 20):.0f}M"
 
 
 def summarize_modules(names: tuple[str, ...], limit: int = 12) -> str:
@@ -24,6 +29,13 @@ class WorkerReport:
     pid: int | None
     start_s: float | None
     """From asking for the process to its Ready message. [Unit: second]"""
+    uss_bytes: int | None = None
+    """Memory only this worker uses (unique set size), at the last sample. [Unit: byte]"""
+    pss_bytes: int | None = None
+    """Its proportional share of all the memory it maps. [Unit: byte]"""
+    peak_uss_bytes: int | None = None
+    epoch_uss_bytes: tuple[int, ...] = ()
+    """USS at the end of each epoch so far (growth per epoch)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +98,17 @@ class LoaderReport:
             else:
                 lines.append("  preload result: all imported")
         if self.workers:
-            lines.append("  worker   pid       start")
+            lines.append(
+                "  worker   pid       start      USS now   PSS now   USS peak  USS per epoch"
+            )
             for w in self.workers:
                 start = f"{w.start_s:.3f} s" if w.start_s is not None else "-"
-                lines.append(f"  {w.worker_id:6d}   {w.pid or '-':<8}  {start}")
+                epochs = " ".join(_mib(x) for x in w.epoch_uss_bytes[-4:])
+                lines.append(
+                    f"  {w.worker_id:6d}   {w.pid or '-':<8}  {start:9s}  "
+                    f"{_mib(w.uss_bytes):>8s}  {_mib(w.pss_bytes):>8s}  "
+                    f"{_mib(w.peak_uss_bytes):>8s}  {epochs}"
+                )
         for r in self.restarts:
             sample = f" while loading sample {r.sample!r}" if r.sample is not None else ""
             lines.append(
@@ -115,14 +134,23 @@ class RunRecord:
         self.workers: dict[int, WorkerReport] = {}
         self.restarts: list[RestartReport] = []
         self.skipped: list[SkippedSample] = []
+        self.memory: Any = None  # callable -> {worker: (uss, pss, peak, epochs)}, if sampled
 
     def to_report(self) -> LoaderReport:
         """A frozen snapshot."""
+        memory = self.memory() if self.memory is not None else {}
+        workers = []
+        for k in sorted(self.workers):
+            w = self.workers[k]
+            if k in memory:
+                uss, pss, peak, epochs = memory[k]
+                w = WorkerReport(w.worker_id, w.pid, w.start_s, uss, pss, peak, tuple(epochs))
+            workers.append(w)
         return LoaderReport(
             start_method=self.start_method,
             preload_requested=self.preload,
             preload_missing=self.preload_missing,
-            workers=tuple(self.workers[k] for k in sorted(self.workers)),
+            workers=tuple(workers),
             restarts=tuple(self.restarts),
             skipped=tuple(self.skipped),
         )

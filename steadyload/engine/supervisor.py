@@ -193,6 +193,10 @@ class Supervisor:
         h = self._handles[worker_id]
         return h.pid if h is not None else None
 
+    def pids(self) -> dict[int, int]:
+        """worker id -> pid of the live workers (safe to call from another thread)."""
+        return {h.worker_id: h.pid for h in list(self._live) if h.pid is not None}
+
     def started_at(self, worker_id: int) -> float | None:
         """When the worker was asked for, on the supervisor's clock. [Unit: second]"""
         h = self._handles[worker_id]

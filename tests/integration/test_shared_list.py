@@ -81,3 +81,22 @@ def test_large_python_metadata_is_flagged_once_with_the_fix(method: str, cost: s
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(list(sl.DataLoader(BigMetadata(shared=True), batch_size=4, num_workers=2))) == 2
+
+
+def test_report_gives_worker_memory_and_flags_growth_epoch_over_epoch(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from tests.datasets import Leaky
+
+    loader = sl.DataLoader(Leaky(8, mib=20), batch_size=2, num_workers=2, persistent_workers=True)
+    with caplog.at_level(logging.WARNING, logger="steadyload"):
+        for _ in range(3):
+            assert len(list(loader)) == 4
+    report = loader.report()
+    assert len(report.workers) == 2
+    for w in report.workers:
+        assert w.uss_bytes and w.pss_bytes and w.peak_uss_bytes and len(w.epoch_uss_bytes) == 3
+        assert w.epoch_uss_bytes[2] > w.epoch_uss_bytes[0] + (50 << 20)  # 4 x 20 MiB per epoch
+    assert "USS per epoch" in str(report)
+    grows = [r.getMessage() for r in caplog.records if "grows epoch after epoch" in r.getMessage()]
+    assert len(grows) == 2 and "MiB" in grows[0]
