@@ -159,7 +159,9 @@ class MemorySampler:
         return warnings_out
 
     def snapshot(self) -> dict[int, tuple[int, int, int, list[int]]]:
-        """worker -> (uss, pss, peak uss, uss at each epoch end)."""
+        """worker -> (uss, pss, peak uss, uss at each epoch end); samples now if never yet."""
+        if not self.current and not self._stop.is_set():
+            self.sample()
         with self._lock:
             return {
                 w: (u, p, self.peak.get(w, u), list(self.epochs.get(w, [])))
