@@ -7,6 +7,7 @@ Iterators subclass torch's `_BaseDataLoaderIter`, so the sampler, the base seed 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -79,6 +80,15 @@ class SkipGuard:
         """A batch with at least one sample arrived."""
         self._run = 0
 
+    def record(self, record: RunRecord, samples: Iterable[SkippedSample]) -> None:
+        """Log skipped samples, list them in the run's record, and check the limit."""
+        for sample in samples:
+            _LOG.warning(
+                "skipped sample %r: %s: %s", sample.index, sample.error_type, sample.message
+            )
+            record.skipped.append(sample)
+            self.skipped(sample)
+
 
 class _InProcessIter(_BaseDataLoaderIter):
     """num_workers=0: load in this process, with torch's semantics and steadyload's notes."""
@@ -120,11 +130,7 @@ class _InProcessIter(_BaseDataLoaderIter):
         return data
 
     def _record_skips(self) -> None:
-        for index, type_name, text in self._fetcher.skipped:
-            _LOG.warning("skipped sample %r: %s: %s", index, type_name, text)
-            sample = SkippedSample(index, type_name, text)
-            self.record.skipped.append(sample)
-            self._guard.skipped(sample)
+        self._guard.record(self.record, self._fetcher.skipped)
 
 
 class _DatasetError(Exception):

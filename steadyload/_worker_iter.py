@@ -34,7 +34,7 @@ from ._iterators import (
 )
 from ._recovery import blame, gather_evidence, rebuild_exception, start_failure, stateful
 from .engine.fetch import ITERABLE
-from .engine.protocol import Empty, Exhausted, Failed, Ready, Retire, Skip, StartFailed
+from .engine.protocol import Empty, Exhausted, Failed, Ready, Retire, StartFailed
 from .engine.status import IDLE
 from .engine.supervisor import Died, Supervisor
 from .engine.worker import WorkerConfig
@@ -325,12 +325,8 @@ class _WorkerIter(_BaseDataLoaderIter):
         if not self._in_order:
             self._arrived.append(task_id)
 
-    def _record_skips(self, skipped: tuple[Skip, ...]) -> None:
-        for skip in skipped:
-            _LOG.warning("skipped sample %r: %s: %s", skip.index, skip.type_name, skip.text)
-            sample = SkippedSample(skip.index, skip.type_name, skip.text)
-            self.record.skipped.append(sample)
-            self._guard.skipped(sample)
+    def _record_skips(self, skipped: tuple[SkippedSample, ...]) -> None:
+        self._guard.record(self.record, skipped)
 
     def _on_ready(self, worker_id: int, ready: Ready) -> None:
         assert self._supervisor is not None

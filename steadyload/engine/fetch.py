@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..diagnosis import format_indices
+from ..report import SkippedSample
 from .status import COLLATING, POSITION, STAGE
 
 MAP = 0
@@ -43,8 +44,8 @@ class Fetcher:
         self._kind = kind
         self._skip = skip_errors
         self._fields = fields  # the worker's status fields (POSITION, STAGE), or None
-        self.skipped: list[tuple[Any, str, str]] = []
-        """(index, exception type, message) of samples skipped by the last `fetch`."""
+        self.skipped: list[SkippedSample] = []
+        """Samples skipped by the last `fetch`."""
         self._dataset = dataset
         self._auto_collation = auto_collation
         self._collate_fn = collate_fn
@@ -104,7 +105,7 @@ class Fetcher:
                     try:
                         data.append(dataset[i])
                     except Exception as exc:
-                        self.skipped.append((i, *_describe(exc)))
+                        self.skipped.append(SkippedSample(i, *_describe(exc)))
                 if not data and self.skipped:
                     raise AllSkipped
             self._stage, self._current = "collate", index
@@ -117,7 +118,7 @@ class Fetcher:
             except Exception as exc:
                 if not self._skip:
                     raise
-                self.skipped.append((index, *_describe(exc)))
+                self.skipped.append(SkippedSample(index, *_describe(exc)))
                 raise AllSkipped from exc
             self._stage = "convert"
         if fields is not None:
@@ -140,7 +141,8 @@ class Fetcher:
                     if not self._skip:
                         raise
                     # A generator is finished once it raised: the next call ends the stream.
-                    self.skipped.append((f"stream item {self._items_read}", *_describe(exc)))
+                    item = f"stream item {self._items_read}"
+                    self.skipped.append(SkippedSample(item, *_describe(exc)))
                 self._items_read += 1
                 self._current = self._items_read
             if not data and self.skipped and not self._ended:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..report import SkippedSample
+
 
 @dataclass(frozen=True, slots=True)
 class Task:
@@ -60,19 +62,10 @@ class Done:
     new_segments: tuple[NewSegment, ...] = ()
     retired: tuple[int, ...] = ()
     """Segments the worker closed: the parent may drop its mapping once unused."""
-    skipped: tuple[Skip, ...] = ()
+    skipped: tuple[SkippedSample, ...] = ()
     """Samples left out of the batch because loading them raised (on_error="skip")."""
     stream_state: bytes | None = None
     """A stateful IterableDataset's pickled ``state_dict()`` after this batch."""
-
-
-@dataclass(frozen=True, slots=True)
-class Skip:
-    """A sample left out: its index (or stream position), the exception type and text."""
-
-    index: object
-    type_name: str
-    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +73,7 @@ class Empty:
     """Every sample of the task was skipped: there is no batch (on_error="skip")."""
 
     task_id: int
-    skipped: tuple[Skip, ...]
+    skipped: tuple[SkippedSample, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +81,7 @@ class Exhausted:
     """The worker's IterableDataset replica is exhausted; the task produced nothing."""
 
     task_id: int
-    skipped: tuple[Skip, ...] = ()
+    skipped: tuple[SkippedSample, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

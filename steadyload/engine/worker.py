@@ -44,7 +44,6 @@ from .protocol import (
     Reset,
     Restore,
     Retire,
-    Skip,
     StartFailed,
     Stop,
     Task,
@@ -340,10 +339,6 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
         sock.close()
 
 
-def _skips(fetcher: Fetcher) -> tuple[Skip, ...]:
-    return tuple(Skip(index, type_name, text) for index, type_name, text in fetcher.skipped)
-
-
 def _run_task(
     task: Task, fetcher: Fetcher, arena: Arena, conn: Connection, sock: socket.socket,
     kind: int, status: WorkerStatus, stateful: Any,
@@ -354,12 +349,12 @@ def _run_task(
         data = fetcher.fetch(task.indices)
     except AllSkipped:
         arena.end_task(sent=False)
-        conn.send(Empty(task.task_id, _skips(fetcher)))
+        conn.send(Empty(task.task_id, tuple(fetcher.skipped)))
         return False
     except StopIteration as exc:
         arena.end_task(sent=False)
         if kind == ITERABLE:
-            conn.send(Exhausted(task.task_id, _skips(fetcher)))
+            conn.send(Exhausted(task.task_id, tuple(fetcher.skipped)))
             return True
         conn.send(_failure(task.task_id, exc, fetcher.where))
         return False
@@ -384,7 +379,7 @@ def _run_task(
             segments=used,
             new_segments=tuple(NewSegment(s.segment_id, s.nbytes) for s in new),
             retired=retired,
-            skipped=_skips(fetcher),
+            skipped=tuple(fetcher.skipped),
             stream_state=state,
         )
     )
