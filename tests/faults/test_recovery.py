@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import steadyload as sl
-from tests.datasets import FaultOnce, IterDS, JsonLines, Leaky, OpensFiles, PidDS, Slow
+from tests.datasets import FaultOnce, IterDS, JsonLines, Leaky, OpensFiles, Slow
 
 
 def _reference(n: int, batch_size: int, **kwargs: Any) -> list[list[int]]:
@@ -144,8 +144,6 @@ def test_restart_budget_is_per_epoch_and_then_raises(tmp_path: Path) -> None:
 
 
 def test_iterable_dataset_death_is_diagnosed_not_replayed() -> None:
-    from tests.datasets import Fault  # noqa: F401  (map-style faults are covered above)
-
     loader = sl.DataLoader(IterDS(10_000), batch_size=2, num_workers=2)
     it = iter(loader)
     next(it)
@@ -228,7 +226,6 @@ def test_invalid_recovery_options() -> None:
     ]:
         with pytest.raises(ValueError, match=pattern):
             sl.DataLoader(MapDS(4), num_workers=1, **kwargs)
-    _ = PidDS
 
 
 def test_stateful_iterable_dataset_resumes_where_the_dead_worker_stopped(tmp_path: Path) -> None:
