@@ -68,6 +68,26 @@ def cgroup_memory(root: Path = CGROUP_ROOT) -> CgroupMemory:
     return CgroupMemory(limit, kills)
 
 
+def available_memory_bytes() -> int | None:
+    """Memory this process can still use: the machine's available memory, capped by what
+    is left under the cgroup limit."""
+    try:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    except Exception:  # psutil missing or /proc unreadable: unknown
+        return None
+    limit = cgroup_memory().limit_bytes
+    directory = _cgroup_dir()
+    if limit is not None and directory is not None:
+        try:
+            used = int((directory / "memory.current").read_text())
+            available = min(available, max(0, limit - used))
+        except (OSError, ValueError):
+            pass
+    return available
+
+
 def total_memory_bytes() -> int | None:
     """Physical memory of the machine."""
     try:

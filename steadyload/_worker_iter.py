@@ -38,7 +38,13 @@ from .engine.protocol import Empty, Exhausted, Failed, Ready, Retire, StartFaile
 from .engine.status import IDLE
 from .engine.supervisor import Died, Supervisor
 from .engine.worker import WorkerConfig
-from .memory import MemorySampler, check_copy_on_read
+from .memory import (
+    MemorySampler,
+    check_copy_on_read,
+    check_dataset_shm,
+    check_in_flight,
+    raise_fd_limit,
+)
 from .report import RestartReport, RunRecord, SkippedSample, WorkerReport, summarize_modules
 
 if TYPE_CHECKING:
@@ -81,6 +87,15 @@ class _WorkerIter(_BaseDataLoaderIter):
         start.check_main_guard(self._start_info.method)
         start.warn_if_threads_before_fork(self._start_info.method)
         check_copy_on_read(self._dataset, self._num_workers, self._start_info.method)
+        check_dataset_shm(self._dataset, self._num_workers, self._start_info.method)
+        raised = raise_fd_limit()
+        if raised:
+            _LOG.info(
+                "raised the soft open-file limit (ulimit -n) from %d to %d: torch's "
+                "'file_descriptor' sharing strategy and steadyload's batch segments hold "
+                "descriptors", *raised,
+            )
+        self._checked_in_flight = False
         self.record = RunRecord(self._start_info.method, self._start_info.preload)
         self._config = WorkerConfig(
             dataset_kind=self._dataset_kind,
@@ -287,6 +302,11 @@ class _WorkerIter(_BaseDataLoaderIter):
             if task is not None:
                 task.outcome, task.has_outcome = batch, True
                 self._note_arrival(done.task_id)
+                if not self._checked_in_flight:
+                    self._checked_in_flight = True
+                    advice = check_in_flight(batch, self._prefetch_factor, self._num_workers)
+                    if advice:
+                        _LOG.warning(advice)
         elif isinstance(event, Ready):
             self._on_ready(worker_id, event)
         elif isinstance(event, Died):

@@ -173,3 +173,96 @@ class MemorySampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+
+
+# -- shared-memory hygiene ------------------------------------------------------------------
+#
+# Where the bytes go, and so what is checked: steadyload's batches travel in memfd segments,
+# which count against the process's memory (cgroup), not against /dev/shm; so the expected
+# in-flight batch bytes are compared with available memory. torch's sharing strategy
+# ("file_descriptor" by default) still applies to tensors held by the dataset, which are
+# moved to /dev/shm when the dataset is sent to forkserver/spawn workers; those bytes are
+# compared with free /dev/shm (Docker's default is 64 MB). The "file_descriptor" strategy
+# keeps one descriptor per shared storage, and each batch segment holds one: the soft
+# `ulimit -n` is raised to the hard limit up front.
+
+_shm_warned: set[str] = set()
+
+
+def tensor_bytes(obj: Any, depth: int = 3) -> int:
+    """Bytes of the CPU tensors in ``obj`` (a batch, or a dataset's attributes)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size() if obj.device.type == "cpu" else 0
+    if depth == 0:
+        return 0
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v, depth - 1) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v, depth - 1) for v in obj[:1000])
+    state = getattr(obj, "__dict__", None)
+    if isinstance(state, dict) and depth >= 2:
+        return sum(tensor_bytes(v, 1) for v in state.values())
+    return 0
+
+
+def raise_fd_limit() -> tuple[int, int] | None:
+    """Raise the soft open-file limit to the hard one; (old, new) when it changed."""
+    import resource
+
+    import torch.multiprocessing as tmp
+
+    if tmp.get_sharing_strategy() != "file_descriptor":
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return None
+    return soft, target
+
+
+def check_dataset_shm(dataset: Any, num_workers: int, method: str) -> None:
+    """Warn when the dataset's tensors, shared through /dev/shm, do not fit there."""
+    if method == "fork":
+        return  # forked workers inherit the memory; nothing goes through /dev/shm
+    from ._system import shm_space
+
+    nbytes = tensor_bytes(dataset)
+    space = shm_space()
+    if not nbytes or space is None or nbytes <= space.free_bytes:
+        return
+    key = f"dataset:{type(dataset).__qualname__}"
+    if key in _shm_warned:
+        return
+    _shm_warned.add(key)
+    warnings.warn(
+        f"steadyload: the dataset holds {gib(nbytes)} of tensors, which torch moves to "
+        f"{space.path} when it sends the dataset to {method} workers, but {space.path} has "
+        f"{gib(space.free_bytes)} free of {gib(space.total_bytes)}. The workers would die "
+        "with a bus error (SIGBUS). Fix: give the container more shared memory (docker run "
+        "--shm-size=8g), keep the tensors in a file (np.memmap / torch.load(mmap=True)) "
+        "and open it per worker, or use start_method='fork' without a GPU.",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+def check_in_flight(batch: Any, prefetch_factor: int, num_workers: int) -> str | None:
+    """A warning when batches in flight would take over half of the available memory."""
+    from ._system import available_memory_bytes
+
+    per_batch = tensor_bytes(batch)
+    available = available_memory_bytes()
+    in_flight = per_batch * prefetch_factor * num_workers
+    if not per_batch or available is None or in_flight <= available // 2:
+        return None
+    return (
+        f"batches of {gib(per_batch)} x prefetch_factor {prefetch_factor} x {num_workers} "
+        f"workers keep {gib(in_flight)} in flight (in shared memory), over half of the "
+        f"{gib(available)} available: lower prefetch_factor, batch_size or num_workers."
+    )

@@ -456,3 +456,16 @@ class BigMetadata(Dataset[Any]):
 
     def __getitem__(self, i: int) -> Any:
         return self.rows[i]["label"]
+
+
+class TensorHeavy(Dataset[Any]):
+    """Holds an 8 MiB tensor, which torch moves to /dev/shm for forkserver/spawn workers."""
+
+    def __init__(self) -> None:
+        self.table = torch.zeros(2 << 20)  # 2 Mi float32 = 8 MiB
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return self.table[i]

@@ -100,3 +100,45 @@ def test_report_gives_worker_memory_and_flags_growth_epoch_over_epoch(caplog: py
     assert "USS per epoch" in str(report)
     grows = [r.getMessage() for r in caplog.records if "grows epoch after epoch" in r.getMessage()]
     assert len(grows) == 2 and "MiB" in grows[0]
+
+
+def test_dataset_tensors_that_do_not_fit_in_dev_shm_are_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    from steadyload import _system, memory
+    from tests.datasets import TensorHeavy
+
+    memory._shm_warned.clear()
+    monkeypatch.setattr(_system, "shm_space", lambda path="/dev/shm": _system.Space("/dev/shm", 64 << 20, 1 << 20))
+    with pytest.warns(UserWarning, match=r"the dataset holds 8 MiB of tensors, which torch moves to /dev/shm when it sends the dataset to forkserver workers, but /dev/shm has 1 MiB free of 64 MiB\. The workers would die with a bus error \(SIGBUS\)\. Fix: give the container more shared memory"):
+        loader = sl.DataLoader(TensorHeavy(), batch_size=2, num_workers=1)
+        it = iter(loader)
+    del it, loader
+
+
+def test_batches_in_flight_are_compared_with_available_memory(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from steadyload import _system
+    from tests.datasets import MapDS
+
+    monkeypatch.setattr(_system, "available_memory_bytes", lambda: 100)  # 96 bytes in flight
+    with caplog.at_level(logging.WARNING, logger="steadyload"):
+        assert len(list(sl.DataLoader(MapDS(8), batch_size=2, num_workers=2))) == 4
+    (advice,) = [r.getMessage() for r in caplog.records if "in flight" in r.getMessage()]
+    assert "x prefetch_factor 2 x 2 workers keep" in advice and "lower prefetch_factor" in advice
+
+
+def test_soft_fd_limit_is_raised_to_the_hard_one() -> None:
+    import resource
+
+    from tests.datasets import MapDS
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"the hard limit here is {hard}: nothing to raise to")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        assert len(list(sl.DataLoader(MapDS(4), batch_size=2, num_workers=1))) == 2
+        new_soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert new_soft == (hard if hard != resource.RLIM_INFINITY else 1 << 20)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

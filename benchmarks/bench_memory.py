@@ -1,0 +1,132 @@
+"""Memory of 2,000,000 metadata records over one epoch with 2 workers: torch + list (fork,
+forkserver) against steadyload + SharedList. Each variant runs in a fresh process.
+
+Usage: python benchmarks/bench_memory.py [--records N]
+
+Printed for each: total PSS of the parent, the fork server (if any) and the workers, before
+the loader, at the first batch and at the end of the epoch, as multiples of the parent's
+PSS before the loader; growth over the epoch; and the same loader's total over an empty
+dataset (the fixed cost of the server and the workers), to isolate what the metadata costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r'''
+import json, os, sys, time
+sys.path.insert(0, {root!r})
+import psutil, torch
+import steadyload as sl
+from multiprocessing import forkserver
+
+KIND, N, EMPTY = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "empty"
+
+
+class Records(torch.utils.data.Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+    def __len__(self):
+        return len(self.rows)
+    def __getitem__(self, i):
+        r = self.rows[i]
+        return len(r["caption"]) + r["w"]
+
+
+def total_pss():
+    me = psutil.Process()
+    procs = [me] + me.children(recursive=True)
+    server = forkserver._forkserver._forkserver_pid
+    if server:
+        try:
+            procs += [psutil.Process(server)] + psutil.Process(server).children()
+        except psutil.Error:
+            pass
+    seen, pss = set(), 0
+    for p in procs:
+        if p.pid in seen:
+            continue
+        seen.add(p.pid)
+        try:
+            pss += p.memory_full_info().pss
+        except psutil.Error:
+            pass
+    return pss
+
+
+if __name__ == "__main__":
+    n = 0 if EMPTY else N
+    rows = [{{"file": f"images/{{i:08d}}.jpg", "caption": f"a photo of object {{i % 977}}",
+             "w": i % 640, "h": 480}} for i in range(n)]
+    if KIND == "steadyload":
+        rows = sl.SharedList(rows)  # the list itself is dropped, as users write it
+    ds = Records(rows)
+    del rows
+    before = total_pss()
+    # Persistent workers: still alive when the epoch ends, so their memory is measured.
+    kwargs = dict(batch_size=1024, num_workers=2, persistent_workers=True)
+    if KIND == "steadyload":
+        loader = sl.DataLoader(ds, **kwargs)
+    else:
+        loader = torch.utils.data.DataLoader(ds, multiprocessing_context=KIND, **kwargs)
+    it = iter(loader)
+    first = None
+    count = 0
+    if n:
+        next(it)
+        first = total_pss()
+        for _ in it:
+            count += 1
+            if count % 500 == 0:
+                pass
+    else:
+        first = total_pss()
+    end = total_pss()
+    print(json.dumps({{"before": before, "first": first, "end": end}}))
+'''
+
+
+def run(kind: str, n: int, empty: bool) -> dict[str, int]:
+    # A script file, not `python -c`: torch's forkserver workers must import the dataset.
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "memory_child.py"
+        script.write_text(CHILD.format(root=str(ROOT)))
+        out = subprocess.run(
+            [sys.executable, str(script), kind, str(n), "empty" if empty else "full"],
+            capture_output=True, text=True, timeout=1800,
+        )
+    if out.returncode:
+        raise SystemExit(f"{kind} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=2_000_000)
+    args = ap.parse_args()
+    gib = 1 << 30
+    print(f"{args.records:,} records, batch 1024, 2 workers; PSS totals (parent + fork "
+          "server + workers)")
+    print(f"{'variant':28s} {'before':>8s} {'1st batch':>10s} {'end':>8s} {'end/before':>11s} "
+          f"{'epoch growth':>13s} {'empty-dataset end':>18s}")
+    for kind, label in (("fork", "torch + list, fork"),
+                        ("forkserver", "torch + list, forkserver"),
+                        ("steadyload", "steadyload + SharedList")):
+        full = run(kind, args.records, empty=False)
+        empty = run(kind, args.records, empty=True)
+        print(f"{label:28s} {full['before'] / gib:7.2f}G {full['first'] / gib:9.2f}G "
+              f"{full['end'] / gib:7.2f}G {full['end'] / full['before']:10.2f}x "
+              f"{(full['end'] - full['first']) / full['first']:12.1%} "
+              f"{empty['end'] / gib:17.2f}G")
+
+
+if __name__ == "__main__":
+    main()
