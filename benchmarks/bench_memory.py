@@ -65,8 +65,10 @@ if __name__ == "__main__":
     n = 0 if EMPTY else N
     rows = [{{"file": f"images/{{i:08d}}.jpg", "caption": f"a photo of object {{i % 977}}",
              "w": i % 640, "h": 480}} for i in range(n)]
+    shared_bytes = 0
     if KIND == "steadyload":
         rows = sl.SharedList(rows)  # the list itself is dropped, as users write it
+        shared_bytes = rows.nbytes
     ds = Records(rows)
     del rows
     before = total_pss()
@@ -89,7 +91,7 @@ if __name__ == "__main__":
     else:
         first = total_pss()
     end = total_pss()
-    print(json.dumps({{"before": before, "first": first, "end": end}}))
+    print(json.dumps({{"before": before, "first": first, "end": end, "shared": shared_bytes}}))
 '''
 
 
@@ -126,6 +128,10 @@ def main() -> None:
               f"{full['end'] / gib:7.2f}G {full['end'] / full['before']:10.2f}x "
               f"{(full['end'] - full['first']) / full['first']:12.1%} "
               f"{empty['end'] / gib:17.2f}G")
+        if full["shared"]:
+            paid = full["end"] - empty["end"]
+            print(f"{'':28s} metadata paid: {paid / gib:.3f}G (end minus empty-dataset end) "
+                  f"for a {full['shared'] / gib:.3f}G SharedList: {paid / full['shared']:.2f}x")
 
 
 if __name__ == "__main__":
