@@ -28,8 +28,9 @@ from multiprocessing import context, reduction
 from typing import Any, overload
 
 _STR, _BYTES, _PICKLE = 0, 1, 2
-_HEADER = struct.Struct("<8sQQ")  # magic, count, data offset
-_MAGIC = b"slshlst1"
+_HEADER = struct.Struct("<8sQQQ")  # magic, count, data offset, flags
+_MAGIC = b"slshlst2"
+_ALL_STR = 1  # flag: every record is a str, stored without a tag byte (the fast path)
 
 
 def _encode(record: Any) -> bytes:
@@ -53,10 +54,16 @@ class SharedList(Sequence[Any]):
         records: any picklable objects; str and bytes are stored without pickling.
     """
 
-    __slots__ = ("_fd", "_mm", "_count", "_offsets", "_data", "_base", "__weakref__")
+    __slots__ = ("_fd", "_mm", "_count", "_offsets", "_data", "_all_str", "__weakref__")
 
     def __init__(self, records: Iterable[Any]) -> None:
-        encoded = [_encode(r) for r in records]
+        items = list(records)
+        all_str = all(type(r) is str for r in items)
+        if all_str:
+            encoded = [r.encode("utf-8", "surrogatepass") for r in items]
+        else:
+            encoded = [_encode(r) for r in items]
+        del items
         count = len(encoded)
         offsets_at = _HEADER.size
         data_at = offsets_at + 8 * (count + 1)
@@ -68,19 +75,20 @@ class SharedList(Sequence[Any]):
         except BaseException:
             os.close(fd)
             raise
-        _HEADER.pack_into(mm, 0, _MAGIC, count, data_at)
+        _HEADER.pack_into(mm, 0, _MAGIC, count, data_at, _ALL_STR if all_str else 0)
+        # Offsets are absolute (from the start of the segment): one addition less per read.
         offsets = memoryview(mm)[offsets_at:data_at].cast("q")
-        position = 0
+        position = data_at
         for i, e in enumerate(encoded):
             offsets[i] = position
-            mm[data_at + position : data_at + position + len(e)] = e
+            mm[position : position + len(e)] = e
             position += len(e)
         offsets[count] = position
         offsets.release()
         self._attach(fd, mm)
 
     def _attach(self, fd: int, mm: mmap.mmap) -> None:
-        magic, count, data_at = _HEADER.unpack_from(mm, 0)
+        magic, count, data_at, flags = _HEADER.unpack_from(mm, 0)
         if magic != _MAGIC:
             raise ValueError("not a steadyload.SharedList segment")
         self._fd = fd
@@ -88,8 +96,8 @@ class SharedList(Sequence[Any]):
         self._count = count
         view = memoryview(mm)
         self._offsets = view[_HEADER.size : data_at].cast("q")
-        self._data = view[data_at:]
-        self._base = data_at
+        self._data = view
+        self._all_str = bool(flags & _ALL_STR)
 
     @classmethod
     def _from_fd(cls, fd: int) -> SharedList:
@@ -104,13 +112,14 @@ class SharedList(Sequence[Any]):
 
     def _get(self, i: int) -> Any:
         offsets = self._offsets
-        start, end = offsets[i], offsets[i + 1]
-        raw = self._data[start:end]
+        raw = self._mm[offsets[i] : offsets[i + 1]]
+        if self._all_str:
+            return raw.decode("utf-8", "surrogatepass")
         tag = raw[0]
         if tag == _STR:
-            return str(raw[1:], "utf-8", "surrogatepass")
+            return raw[1:].decode("utf-8", "surrogatepass")
         if tag == _BYTES:
-            return bytes(raw[1:])
+            return raw[1:]
         return pickle.loads(raw[1:])
 
     @overload
@@ -122,12 +131,10 @@ class SharedList(Sequence[Any]):
         if isinstance(index, int):
             i: int = index + self._count if index < 0 else index
             if 0 <= i < self._count:
-                offsets = self._offsets
-                base = self._base
-                raw = self._mm[base + offsets[i] : base + offsets[i + 1]]
-                if raw[0] == _STR:
-                    return raw[1:].decode("utf-8", "surrogatepass")
-                return bytes(raw[1:]) if raw[0] == _BYTES else pickle.loads(raw[1:])
+                if self._all_str:
+                    offsets = self._offsets
+                    return self._mm[offsets[i] : offsets[i + 1]].decode("utf-8", "surrogatepass")
+                return self._get(i)
             raise IndexError(f"SharedList index {index} out of range (len {self._count})")
         if isinstance(index, slice):
             return [self._get(i) for i in range(*index.indices(self._count))]
