@@ -54,11 +54,9 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'steadyload' has no attribute {name!r}")
+    # Each defining module sets `__module__ = "steadyload"` on its public names (Trio's
+    # fixup_module_metadata), so reprs, docs and pickles name the public path.
     obj = getattr(importlib.import_module(module, __name__), name)
-    # Public objects report `steadyload` as their module (Trio's fixup_module_metadata), so
-    # reprs, docs and pickles name the public path.
-    if getattr(obj, "__module__", "").startswith("steadyload."):
-        obj.__module__ = "steadyload"
     globals()[name] = obj
     return obj
 

@@ -40,12 +40,14 @@ def blame(
     return None, progress.task_id
 
 
-def gather_evidence(died: Died, oom_kills_before: int | None) -> diagnosis.Evidence:
-    """What the machine and the worker's status block say about a death."""
+def gather_evidence(
+    died: Died, oom_kills_before: int | None, rss_bytes: int | None
+) -> diagnosis.Evidence:
+    """What the machine, the memory sampler and the worker's status block say about a death."""
     memory = _system.cgroup_memory()
     progress = died.progress
     return diagnosis.Evidence(
-        rss_bytes=died.rss_bytes,
+        rss_bytes=rss_bytes,
         memory_limit_bytes=memory.limit_bytes or _system.total_memory_bytes(),
         oom_kills_before=oom_kills_before,
         oom_kills_after=memory.oom_kills,

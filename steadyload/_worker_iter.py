@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from .loader import DataLoader
 
 _LOG = logging.getLogger(__name__)
-_MEMORY_SAMPLE_INTERVAL_S = 1.0
 _EMPTY = object()  # outcome of a task whose every sample was skipped
 
 
@@ -125,7 +124,6 @@ class _WorkerIter(_BaseDataLoaderIter):
         self._hangs: collections.Counter[int] = collections.Counter()  # task id -> hangs
         self._hung: dict[int, tuple[int, str]] = {}  # worker -> (task id, stack) being killed
         self._retiring: dict[int, int] = {}  # worker -> USS that passed max_worker_memory
-        self._memory_sampled = 0.0
         self._guard = SkipGuard()
         self._oom_kills = _system.cgroup_memory().oom_kills
         self._start_workers()
@@ -262,18 +260,10 @@ class _WorkerIter(_BaseDataLoaderIter):
         timeout = self._timeout if self._timeout > 0 else None
         deadline = time.monotonic() + timeout if timeout else None
         while True:
-            now = time.monotonic()
-            if now - self._memory_sampled >= _MEMORY_SAMPLE_INTERVAL_S:
-                self._memory_sampled = now
-                self._supervisor.sample_memory()
             wake = deadline
             hang_at = self._next_hang_deadline()
             if hang_at is not None:
                 wake = hang_at if wake is None else min(wake, hang_at)
-            if self._opts.max_worker_memory_bytes is not None or self._oom_kills is not None:
-                # Keep memory figures fresh for a diagnosis, without a polling thread.
-                memory_at = self._memory_sampled + _MEMORY_SAMPLE_INTERVAL_S
-                wake = memory_at if wake is None else min(wake, memory_at)
             remaining = None if wake is None else max(0.0, wake - time.monotonic())
             events = self._supervisor.wait(remaining)
             if events:
@@ -401,9 +391,14 @@ class _WorkerIter(_BaseDataLoaderIter):
         soonest = None
         for worker_id in range(self._num_workers):
             progress = self._supervisor.progress(worker_id)
-            if progress is None or progress.stage == IDLE or worker_id in self._hung:
+            if progress is None or worker_id in self._hung:
                 continue
-            at = progress.started_ns / 1e9 + limit
+            if progress.stage == IDLE:
+                # It may start a task right after this look, without a message to wake us;
+                # such a task cannot be overdue before now + limit, so look again then.
+                at = time.monotonic() + limit
+            else:
+                at = progress.started_ns / 1e9 + limit
             soonest = at if soonest is None else min(soonest, at)
         return soonest
 
@@ -434,7 +429,7 @@ class _WorkerIter(_BaseDataLoaderIter):
             del self._stale[tid]  # never answered now; no need to re-run a finished epoch
         held_ids = {tid for tid, _ in held}
         sample, blamed_task = blame(died.progress, self._epoch.tasks, held_ids)
-        evidence = gather_evidence(died, self._oom_kills)
+        evidence = gather_evidence(died, self._oom_kills, self._memory.last_rss(worker_id))
         self._oom_kills = evidence.oom_kills_after
         hung = self._hung.pop(worker_id, None)
         retired_uss = self._retiring.pop(worker_id, None)

@@ -115,6 +115,7 @@ class MemorySampler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.current: dict[int, tuple[int, int]] = {}  # worker -> (uss, pss)
+        self.rss: dict[int, int] = {}  # worker -> resident memory, for death diagnoses
         self.peak: dict[int, int] = {}  # worker -> peak uss
         self.epochs: dict[int, list[int]] = {}  # worker -> uss at the end of each epoch
         self._thread = threading.Thread(
@@ -138,6 +139,7 @@ class MemorySampler:
             uss, pss = int(info.uss), int(getattr(info, "pss", 0))
             with self._lock:
                 self.current[worker_id] = (uss, pss)
+                self.rss[worker_id] = int(info.rss)
                 self.peak[worker_id] = max(self.peak.get(worker_id, 0), uss)
 
     def end_epoch(self) -> list[str]:
@@ -167,6 +169,11 @@ class MemorySampler:
                 w: (u, p, self.peak.get(w, u), list(self.epochs.get(w, [])))
                 for w, (u, p) in self.current.items()
             }
+
+    def last_rss(self, worker_id: int) -> int | None:
+        """The worker's resident memory at the last sample (also after it died)."""
+        with self._lock:
+            return self.rss.get(worker_id)
 
     def stop(self) -> None:
         """Stop and join the thread. Safe to call more than once."""

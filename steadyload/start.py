@@ -313,3 +313,6 @@ def check_main_guard(method: str) -> None:
         "        loader = steadyload.DataLoader(MyDataset(...), num_workers=2)\n"
         "        train(loader)\n"
     )
+
+
+prestart.__module__ = "steadyload"  # public name (see steadyload/__init__.py)

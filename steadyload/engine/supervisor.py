@@ -44,8 +44,6 @@ class Died:
     """What faulthandler wrote: a native crash's stack, or a hang dump."""
     libraries: tuple[str, ...] = ()
     """Crash-prone native libraries the worker had loaded."""
-    rss_bytes: int | None = None
-    """The worker's resident memory at the last sample before it died."""
 
 
 def _dup(fd: int) -> int:
@@ -57,7 +55,7 @@ class _Handle:
 
     __slots__ = (
         "worker_id", "process", "conn", "sock", "segments", "readable", "pid", "started_at",
-        "status", "rss_bytes",
+        "status",
     )
 
     def __init__(
@@ -67,7 +65,6 @@ class _Handle:
         self.worker_id = worker_id
         self.started_at = started_at
         self.status = status
-        self.rss_bytes: int | None = None
         self.process = process
         self.pid = process.pid
         self.conn = conn
@@ -245,24 +242,19 @@ class Supervisor:
         if not by_object:
             return []
         events: list[tuple[int, object]] = []
-        for obj in wait(list(by_object), timeout=timeout_s):
+        ready = wait(list(by_object), timeout=timeout_s)
+        for obj in ready:
             kind, h = by_object[obj]
             if kind == "conn":
                 self._receive(h, events)
-        for obj in list(by_object):
+        for obj in ready:
             kind, h = by_object[obj]
-            if kind == "sentinel" and h in self._live and h.process.exitcode is not None:
-                self._receive_all(h, events)
-                events.append((h.worker_id, self._bury(h)))
-        if not events:
-            # Only sentinels were ready but exit codes were not collected yet: look again.
-            for obj in list(by_object):
-                kind, h = by_object[obj]
-                if kind == "sentinel" and h in self._live:
-                    h.process.join(0.05)
-                    if h.process.exitcode is not None:
-                        self._receive_all(h, events)
-                        events.append((h.worker_id, self._bury(h)))
+            if kind == "sentinel" and h in self._live:
+                # Under fork the sentinel can fire a moment before waitpid sees the exit.
+                h.process.join(0.05)
+                if h.process.exitcode is not None:
+                    self._receive_all(h, events)  # what it sent before dying comes first
+                    events.append((h.worker_id, self._bury(h)))
         return events
 
     def _receive_all(self, h: _Handle, events: list[tuple[int, object]]) -> None:
@@ -289,16 +281,6 @@ class Supervisor:
             h.readable = False  # the process is exiting; its sentinel will say how
             return
         events.append((h.worker_id, msg))
-
-    def sample_memory(self) -> None:
-        """Record each live worker's resident memory (for the diagnosis of a later death)."""
-        import psutil
-
-        for h in self._live:
-            try:
-                h.rss_bytes = psutil.Process(h.pid).memory_info().rss
-            except (psutil.Error, ValueError):
-                pass
 
     def progress(self, worker_id: int) -> Progress | None:
         """What the worker is doing now, from its status block."""
@@ -343,7 +325,6 @@ class Supervisor:
             progress=h.status.progress(),
             stacks=h.status.stacks(),
             libraries=tuple(h.status.libraries()),
-            rss_bytes=h.rss_bytes,
         )
         _LOG.debug("worker %d (pid %s) exited with %s", h.worker_id, h.pid, died.exitcode)
         self._live.remove(h)
