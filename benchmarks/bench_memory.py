@@ -128,6 +128,8 @@ def main() -> None:
               f"{full['end'] / gib:7.2f}G {full['end'] / full['before']:10.2f}x "
               f"{(full['end'] - full['first']) / full['first']:12.1%} "
               f"{empty['end'] / gib:17.2f}G")
+        print(f"{'':28s} fixed cost of the workers (and fork server): "
+              f"{(empty['end'] - empty['before']) / gib:.3f}G (empty dataset, end minus before)")
         if full["shared"]:
             paid = full["end"] - empty["end"]
             print(f"{'':28s} metadata paid: {paid / gib:.3f}G (end minus empty-dataset end) "

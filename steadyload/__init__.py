@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .per_worker import per_worker as per_worker
     from .report import LoaderReport as LoaderReport
     from .report import WorkerReport as WorkerReport
+    from .report import report_every as report_every
     from .shared_list import SharedDict as SharedDict
     from .shared_list import SharedList as SharedList
     from .start import prestart as prestart
@@ -45,6 +46,7 @@ _EXPORTS = {
     "WorkerStartError": ".errors",
     "per_worker": ".per_worker",
     "prestart": ".start",
+    "report_every": ".report",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -2,4 +2,7 @@
 
 from steadyload.cli.__main__ import main
 
-raise SystemExit(main())
+# The guard matters: forkserver/spawn workers started by `bench` import this module again
+# (as __mp_main__), which must not re-run the command.
+if __name__ == "__main__":
+    raise SystemExit(main())

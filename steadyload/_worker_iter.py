@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from . import _system, diagnosis, start
+from . import _system, diagnosis, start, state
 from ._iterators import (
+    EmptyBatches,
     SkipGuard,
     _DatasetError,
     _flat,
@@ -58,9 +59,11 @@ _EMPTY = object()  # outcome of a task whose every sample was skipped
 class _Task:
     worker_id: int
     indices: Any
+    ordinal: int  # batch number in the epoch (state.py)
     outcome: Any = None
     has_outcome: bool = False
     failed: bool = False
+    stream_state: bytes | None = None  # a stateful stream's state after this batch
 
 
 @dataclass(slots=True)
@@ -75,6 +78,11 @@ class _Epoch:
 
 class _WorkerIter(_BaseDataLoaderIter):
     """num_workers>0: batches from steadyload's supervised worker processes."""
+
+    # Set by state.begin_epoch: batches yielded, epoch over, a stream's saved position.
+    _sl_progress: state.Progress
+    _sl_finished: bool
+    _sl_stream_resume: dict[str, Any] | None
 
     def __init__(self, loader: DataLoader[Any]) -> None:
         super().__init__(loader)
@@ -95,6 +103,7 @@ class _WorkerIter(_BaseDataLoaderIter):
                 "descriptors", *raised,
             )
         self._checked_in_flight = False
+        state.apply_base_seed(loader, self)  # before the workers are configured with it
         self.record = RunRecord(self._start_info.method, self._start_info.preload)
         self._config = WorkerConfig(
             dataset_kind=self._dataset_kind,
@@ -109,8 +118,12 @@ class _WorkerIter(_BaseDataLoaderIter):
             skip_errors=self._opts.on_error == "skip",
             max_memory_bytes=self._opts.max_worker_memory_bytes,
             stateful_stream=self._dataset_kind == ITERABLE and stateful(self._dataset),
+            sample_seeds=self._opts.sample_seeds,
         )
         self._stream_state: dict[int, bytes] = {}  # worker -> state after its last batch
+        self._yielded_state: dict[int, bytes] = {}  # worker -> state after its last yielded
+        self._last_yielded_worker: int | None = None
+        self._empty = EmptyBatches(self._collate_fn)
         self._supervisor: Supervisor | None = None
         self._error: BaseException | None = None
         self._next_task_id = 0
@@ -156,6 +169,7 @@ class _WorkerIter(_BaseDataLoaderIter):
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
+        self._sl_epoch = state.begin_epoch(loader, self)
         if self._supervisor is None:
             # Persistent workers that were stopped by an error: start afresh.
             self._error = None
@@ -174,38 +188,74 @@ class _WorkerIter(_BaseDataLoaderIter):
         self._per_worker = [0] * self._num_workers
         self._cycle = itertools.cycle(range(self._num_workers))
         self._stream_state.clear()  # each epoch's streams start afresh (Reset)
+        self._yielded_state.clear()
+        self._last_yielded_worker = None
+        if self._sl_stream_resume is not None:
+            self._resume_streams(self._sl_stream_resume)
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
+    def _resume_streams(self, resume: dict[str, Any]) -> None:
+        """Resume each worker's stream where its last yielded batch ended (state.py)."""
+        self._sl_stream_resume = None
+        assert self._supervisor is not None
+        for worker_id, blob in resume["workers"].items():
+            self._supervisor.send_restore(worker_id, blob)
+            self._stream_state[worker_id] = self._yielded_state[worker_id] = blob
+        last = resume["last_worker"]
+        if last is not None:
+            while next(self._cycle) != last:  # dispatch goes on after the last yielded
+                pass
+            self._last_yielded_worker = last
+
+    def _stream_resume_state(self) -> dict[str, Any]:
+        """Each worker's stream state after its last yielded batch (for state.save)."""
+        return {
+            "workers": dict(self._yielded_state),
+            "last_worker": self._last_yielded_worker,
+        }
+
     # -- dispatch ----------------------------------------------------------------------------
-    def _try_put_index(self) -> None:
+    def _try_put_index(self, force: bool = False) -> bool:
         # torch's policy, kept exactly: see _MultiProcessingDataLoaderIter._try_put_index.
+        # ``force``: one task beyond the window (to find a batch's structure, see _deliver).
         epoch = self._epoch
         max_tasks = self._prefetch_factor * self._num_workers
-        if epoch.outstanding >= max_tasks or self._supervisor is None:
-            return
+        if (epoch.outstanding >= max_tasks and not force) or self._supervisor is None:
+            return False
         try:
             index = self._next_index()
         except StopIteration:
-            return
+            return False
         for _ in range(self._num_workers):
             worker_id = next(self._cycle)
             if self._active[worker_id]:
-                if self._in_order:
+                if self._in_order or force:
                     break
                 if self._per_worker[worker_id] < max_tasks // sum(self._active):
                     break
         else:
-            return
+            return False
         task_id = self._next_task_id
         self._next_task_id += 1
-        epoch.tasks[task_id] = _Task(worker_id, index)
+        epoch.tasks[task_id] = _Task(worker_id, index, self._sampler_iter.ordinal)
         self._per_worker[worker_id] += 1
         epoch.outstanding += 1
-        self._supervisor.send_task(worker_id, task_id, index)
+        self._supervisor.send_task(worker_id, task_id, index, self._sl_epoch)
+        return True
 
     # -- results -----------------------------------------------------------------------------
     def _next_data(self) -> Any:
+        called = time.perf_counter()
+        try:
+            data = self._next_data_timed()
+        except StopIteration:
+            self.record.waited(called, time.perf_counter(), delivered=False)
+            raise
+        self.record.waited(called, time.perf_counter())
+        return data
+
+    def _next_data_timed(self) -> Any:
         if self._error is not None:
             # Never resume silently after a fatal error: the lost batches would go unnoticed.
             raise self._error
@@ -236,23 +286,43 @@ class _WorkerIter(_BaseDataLoaderIter):
                     _LOG.warning(warning)
                 if not self._persistent_workers:
                     self._shutdown_workers()
+                self._sl_finished = True
                 raise StopIteration
             task = epoch.tasks[epoch.rcvd]
-            if task.has_outcome:
+            if task.has_outcome and self._can_deliver(task):
                 del epoch.tasks[epoch.rcvd]
                 epoch.rcvd += 1
-                if task.outcome is _EMPTY:
-                    self._release(task)
-                    continue
-                return self._process(task)
+                return self._deliver(task)
             while self._arrived:  # in_order=False: whatever came first
-                early = epoch.tasks.pop(self._arrived.popleft(), None)
+                tid = self._arrived[0]
+                early = epoch.tasks.get(tid)
+                if early is not None and not self._can_deliver(early):
+                    break
+                self._arrived.popleft()
                 if early is not None:
-                    if early.outcome is _EMPTY:
-                        self._release(early)
-                        continue
-                    return self._process(early)
+                    del epoch.tasks[tid]
+                    return self._deliver(early)
+            if epoch.outstanding == 0 and not self._try_put_index(force=True):
+                # Only batches whose every sample was skipped, and nothing left to load.
+                raise self._guard.nothing_loaded()
             self._collect(epoch.rcvd)
+
+    def _can_deliver(self, task: _Task) -> bool:
+        # A batch whose samples were all skipped is yielded empty, shaped like one that
+        # loaded; until one has, it waits (and _next_data_inner loads further).
+        return task.outcome is not _EMPTY or self._empty.ready
+
+    def _deliver(self, task: _Task) -> Any:
+        if task.outcome is _EMPTY:
+            self._release(task)
+            data = self._empty.make()
+        else:
+            data = self._process(task)
+        self._sl_progress.mark(task.ordinal)
+        if task.stream_state is not None:
+            self._yielded_state[task.worker_id] = task.stream_state
+        self._last_yielded_worker = task.worker_id
+        return data
 
     def _collect(self, awaited: int) -> None:
         """Wait for worker events (or a hang) and record them in the task table."""
@@ -290,7 +360,10 @@ class _WorkerIter(_BaseDataLoaderIter):
             if done.stream_state is not None and task is not None:
                 self._stream_state[worker_id] = done.stream_state
             if task is not None:
+                self.record.loaded(worker_id, done.samples, done.load_s)
                 task.outcome, task.has_outcome = batch, True
+                task.stream_state = done.stream_state
+                self._empty.learn(batch)
                 self._note_arrival(done.task_id)
                 if not self._checked_in_flight:
                     self._checked_in_flight = True
@@ -344,6 +417,7 @@ class _WorkerIter(_BaseDataLoaderIter):
         start_s = self._supervisor.clock() - asked if asked is not None else None
         record = self.record
         record.workers[worker_id] = WorkerReport(worker_id, ready.pid, start_s)
+        record.ready_at.setdefault(worker_id, time.perf_counter())  # a replacement continues
         if ready.preload_missing and record.preload_missing is None:
             _LOG.warning(
                 "the fork server could not import %s (CPython skips failed preloads "
@@ -532,6 +606,6 @@ class _WorkerIter(_BaseDataLoaderIter):
         if worker_id in self._stream_state:
             self._supervisor.send_restore(worker_id, self._stream_state[worker_id])
         for tid, task in rerun:
-            self._supervisor.send_task(worker_id, tid, task.indices)
+            self._supervisor.send_task(worker_id, tid, task.indices, self._sl_epoch)
 
     # -- errors ------------------------------------------------------------------------------

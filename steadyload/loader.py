@@ -8,19 +8,22 @@ keyword-only, after torch's, and are collected in `LoaderOptions`.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import multiprocessing.context
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch.utils.data
 
-from . import start
+from . import start, state
 from ._iterators import _InProcessIter
 from ._system import parse_bytes
 from ._worker_iter import _WorkerIter
 from .report import LoaderReport, RunRecord
+from .tuning import AutoChoice, resolve_num_workers
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -43,6 +46,8 @@ class LoaderOptions:
     """Seconds a task may run before the worker's stack is dumped and it is replaced."""
     max_worker_memory_bytes: int | None = None
     """USS above which a worker is replaced between tasks. [Unit: byte]"""
+    sample_seeds: bool = False
+    """Seed the RNGs before each sample from (base seed, epoch, index)."""
 
     def __post_init__(self) -> None:
         if self.start_method not in start.START_METHODS:
@@ -78,6 +83,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     `steadyload.WorkerDiedError` naming the worker, its exit signal and the samples it held,
     and batches cross over in pooled shared memory.
 
+    ``num_workers="auto"`` times a few samples (indices 0, 1, ...) in this process, your
+    RNGs restored, and picks enough workers to deliver a batch every 5 ms, at most the
+    usable CPUs - 1 and what fits in half the available memory; 0 for samples under 50 µs,
+    1 for an IterableDataset (not measured). The choice and its reason are logged at INFO
+    (logger "steadyload.tuning") and shown by `report()`. ``steadyload bench`` measures
+    every count instead.
+
     Args (steadyload-only, keyword-only):
         start_method: "auto" (default: forkserver on Linux, spawn elsewhere), "forkserver",
             "spawn" or "fork". fork is refused while a CUDA/ROCm context exists, because
@@ -92,14 +104,22 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             be replayed: a death there always raises.
         on_error: "raise" (default): an exception in ``__getitem__`` reaches you as its
             own type, with the sample index noted. "skip": the sample is left out of its
-            batch (the batch gets smaller; a batch left empty is dropped), logged, and
-            listed by `report()`; samples that kill a worker twice are skipped the same way.
+            batch, logged, and listed by `report()`; samples that kill a worker twice are
+            skipped the same way. The number of batches never changes (ranks of a
+            distributed run stay in step): a batch gets smaller, and one whose every sample
+            failed is yielded empty (``collate_fn([])`` if that works, else the other
+            batches' structure with zero-length tensors).
         hang_timeout: seconds a batch may take in a worker (default None: no limit). On
             expiry the worker's stack (all threads) is logged, the worker is killed and the
             batch retried on a fresh worker; a second hang of the same batch raises
             `WorkerHangError` with the stack. torch's ``timeout`` keeps its meaning.
         max_worker_memory: e.g. "4GiB": a worker whose memory (USS) passes it after a
             batch is replaced between batches, losing nothing (for leaks in user code).
+        sample_seeds: seed torch's, ``random``'s and numpy's global RNGs before each sample
+            from (base seed, epoch, sample index), so random augmentations are the same
+            whatever the number of workers, restarts or resumes (default False: torch's
+            per-worker seeding). A dataset with ``__getitems__`` is seeded once per batch,
+            from its first index. In-process loading restores your RNGs after each batch.
 
     Raises:
         ValueError: for the argument combinations torch rejects, with torch's messages.
@@ -112,7 +132,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         shuffle: bool | None = None,
         sampler: torch.utils.data.Sampler[Any] | Iterable[Any] | None = None,
         batch_sampler: torch.utils.data.Sampler[list[Any]] | Iterable[list[Any]] | None = None,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -130,13 +150,21 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         on_error: str = "raise",
         hang_timeout: float | None = None,
         max_worker_memory: str | int | None = None,
+        sample_seeds: bool = False,
     ) -> None:
+        # "auto" becomes a count before torch validates it (tuning.py; seconds at most).
+        num_workers, auto = resolve_num_workers(
+            num_workers, dataset, batch_size, batch_sampler, collate_fn, prefetch_factor,
+            persistent_workers,
+        )
+        self._auto: AutoChoice | None = auto
         options = LoaderOptions(
             start_method=start_method,
             max_restarts=max_restarts,
             on_error=on_error,
             hang_timeout=hang_timeout,
             max_worker_memory_bytes=parse_bytes(max_worker_memory, "max_worker_memory"),
+            sample_seeds=bool(sample_seeds),
         )
         super().__init__(
             dataset,
@@ -160,6 +188,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._options = options
         self._start: tuple[multiprocessing.context.BaseContext, start.StartInfo] | None = None
         self._last_run: RunRecord | None = None
+        # Checkpoint/resume (state.py): epoch number, what decided its order, loaded state.
+        self._epoch = -1
+        self._epoch_start: state.EpochStart | None = None
+        self._resume: state.Resume | None = None
+        self._current: weakref.ref[Any] | None = None
+        self._report_every: tuple[float, Callable[[LoaderReport], None]] | None = None
         if num_workers > 0 and not getattr(multiprocessing.current_process(), "_inheriting", False):
             # Start the fork server now, so that its imports overlap with the caller's
             # set-up (building the model). Not while this process is itself a worker
@@ -182,7 +216,45 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self.check_worker_number_rationality()
             iterator = _WorkerIter(self)
         self._last_run = iterator.record
+        iterator.record.periodic = self._report_every
         return iterator
+
+    def _set_current_iter(self, iterator: Any) -> None:
+        self._current = weakref.ref(iterator)
+
+    def _current_iter(self) -> Any:
+        return self._current() if self._current is not None else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position, to save with the model (torchdata's Stateful protocol).
+
+        Plain Python and tensors (``torch.save``-able, a few kB), versioned: the epoch
+        number, how many of its batches were yielded, the base seed, and the state of the
+        random generators the sampler draws from as they were when the epoch began. A new
+        loader (same dataset and arguments, any ``num_workers``) given it with
+        `load_state_dict` yields exactly the batches this one had not yet yielded, in the
+        same order, then the following epochs as an uninterrupted run would.
+
+        Without ``generator=``, a shuffling sampler draws each epoch's order from torch's
+        global generator: the state holds that too for the current epoch, but the epochs
+        after it match only if you also restore ``torch.set_rng_state`` from your checkpoint
+        (or pass ``generator=``).
+
+        Raises:
+            ValueError: the sampler is not one of torch's and has no ``state_dict``, or an
+                IterableDataset without ``state_dict`` is mid-epoch.
+        """
+        return state.save(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from `state_dict`'s result: the next ``iter(loader)`` continues that epoch.
+
+        Raises:
+            ValueError: not a steadyload loader state, another version, or a loader built
+                differently (dataset length, batch size, drop_last; for an IterableDataset
+                saved mid-epoch, ``num_workers``), with what to do.
+        """
+        state.load(self, state_dict)
 
     def report(self) -> LoaderReport:
         """How the latest run's workers started: start method, fork-server preloads (and
@@ -190,14 +262,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
         Cheap; safe to call at any time, also while iterating or after the run.
         """
+        choice = self._auto.reason if self._auto is not None else None
         if self._last_run is not None:
-            return self._last_run.to_report()
+            return dataclasses.replace(self._last_run.to_report(), num_workers_choice=choice)
         info = self._start[1] if self._start is not None else None
         return LoaderReport(
             start_method=info.method if info else "in-process",
             preload_requested=info.preload if info else (),
             preload_missing=None,
             workers=(),
+            num_workers_choice=choice,
         )
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -36,6 +39,12 @@ class WorkerReport:
     peak_uss_bytes: int | None = None
     epoch_uss_bytes: tuple[int, ...] = ()
     """USS at the end of each epoch so far (growth per epoch)."""
+    samples: int = 0
+    """Samples it delivered in the latest run (re-runs after a restart count once)."""
+    samples_per_s: float | None = None
+    """Its loading speed: samples over the time it spent loading them. [Unit: 1/second]"""
+    busy_share: float | None = None
+    """The share of its life it spent loading (near 1: the workers are the bottleneck)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +82,13 @@ class LoaderReport:
         workers: one entry per worker of the latest run.
         restarts: workers replaced during the latest run, oldest first.
         skipped: samples left out during the latest run (``on_error="skip"``).
+        num_workers_choice: with ``num_workers="auto"``, what was chosen and why.
+        batches: batches the training loop has taken in the latest run.
+        wait_s: time the training loop spent inside ``next(loader)``. [Unit: second]
+        loop_s: time from the first ``next(loader)`` to the latest return. [Unit: second]
+        data_stall_share: ``wait_s / loop_s``: the fraction of the training loop's time
+            spent waiting for data (the first batch, with worker start-up, included). Near
+            0: data loading keeps up; large: more workers or cheaper samples would help.
     """
 
     start_method: str
@@ -81,9 +97,22 @@ class LoaderReport:
     workers: tuple[WorkerReport, ...]
     restarts: tuple[RestartReport, ...] = ()
     skipped: tuple[SkippedSample, ...] = ()
+    num_workers_choice: str | None = None
+    batches: int = 0
+    wait_s: float = 0.0
+    loop_s: float = 0.0
+    data_stall_share: float | None = None
 
     def __str__(self) -> str:
         lines = [f"steadyload loader report: start method {self.start_method}"]
+        if self.data_stall_share is not None:
+            lines.append(
+                f"  data stall: {self.data_stall_share:.1%} of the training loop's time "
+                f"({self.wait_s:.2f} s of {self.loop_s:.2f} s waiting in next(loader), "
+                f"{self.batches} batches)"
+            )
+        if self.num_workers_choice:
+            lines.append(f"  {self.num_workers_choice}")
         if self.preload_requested:
             lines.append(
                 f"  fork server preload: {summarize_modules(self.preload_requested)}"
@@ -99,15 +128,18 @@ class LoaderReport:
                 lines.append("  preload result: all imported")
         if self.workers:
             lines.append(
-                "  worker   pid       start      USS now   PSS now   USS peak  USS per epoch"
+                "  worker   pid       start      samples  samples/s  busy   USS now   "
+                "PSS now   USS peak  USS per epoch"
             )
             for w in self.workers:
                 start = f"{w.start_s:.3f} s" if w.start_s is not None else "-"
                 epochs = " ".join(_mib(x) for x in w.epoch_uss_bytes[-4:])
+                rate = f"{w.samples_per_s:,.0f}" if w.samples_per_s is not None else "-"
+                busy = f"{w.busy_share:.0%}" if w.busy_share is not None else "-"
                 lines.append(
-                    f"  {w.worker_id:6d}   {w.pid or '-':<8}  {start:9s}  "
-                    f"{_mib(w.uss_bytes):>8s}  {_mib(w.pss_bytes):>8s}  "
-                    f"{_mib(w.peak_uss_bytes):>8s}  {epochs}"
+                    f"  {w.worker_id:6d}   {w.pid or '-':<8}  {start:9s}  {w.samples:7d}  "
+                    f"{rate:>9s}  {busy:>4s}  {_mib(w.uss_bytes):>8s}  "
+                    f"{_mib(w.pss_bytes):>8s}  {_mib(w.peak_uss_bytes):>8s}  {epochs}"
                 )
         for r in self.restarts:
             sample = f" while loading sample {r.sample!r}" if r.sample is not None else ""
@@ -135,17 +167,53 @@ class RunRecord:
         self.restarts: list[RestartReport] = []
         self.skipped: list[SkippedSample] = []
         self.memory: Any = None  # callable -> {worker: (uss, pss, peak, epochs)}, if sampled
+        self.samples: dict[int, int] = {}  # worker -> samples delivered
+        self.busy_s: dict[int, float] = {}  # worker -> seconds spent loading them
+        self.ready_at: dict[int, float] = {}  # worker -> perf_counter() at its Ready
+        self.batches = 0
+        self.wait_s = 0.0
+        self.first_call: float | None = None
+        self.last_return = 0.0
+        self.periodic: tuple[float, Callable[[LoaderReport], None]] | None = None
+        self._last_periodic = time.perf_counter()
+
+    def loaded(self, worker_id: int, samples: int, load_s: float) -> None:
+        """A worker delivered ``samples`` samples it took ``load_s`` seconds to load."""
+        self.samples[worker_id] = self.samples.get(worker_id, 0) + samples
+        self.busy_s[worker_id] = self.busy_s.get(worker_id, 0.0) + load_s
+
+    def waited(self, called: float, returned: float, delivered: bool = True) -> None:
+        """The training loop spent ``called``..``returned`` (perf_counter) in next()."""
+        if self.first_call is None:
+            self.first_call = called
+        self.batches += delivered
+        self.wait_s += returned - called
+        self.last_return = returned
+        periodic = self.periodic
+        if delivered and periodic is not None and returned - self._last_periodic >= periodic[0]:
+            self._last_periodic = returned
+            periodic[1](self.to_report())
 
     def to_report(self) -> LoaderReport:
         """A frozen snapshot."""
         memory = self.memory() if self.memory is not None else {}
+        now = time.perf_counter()
         workers = []
         for k in sorted(self.workers):
             w = self.workers[k]
             if k in memory:
                 uss, pss, peak, epochs = memory[k]
-                w = WorkerReport(w.worker_id, w.pid, w.start_s, uss, pss, peak, tuple(epochs))
+                w = replace(w, uss_bytes=uss, pss_bytes=pss, peak_uss_bytes=peak,
+                            epoch_uss_bytes=tuple(epochs))  # fmt: skip
+            samples, busy = self.samples.get(k, 0), self.busy_s.get(k, 0.0)
+            life = now - self.ready_at[k] if k in self.ready_at else 0.0
+            w = replace(
+                w, samples=samples,
+                samples_per_s=samples / busy if busy > 0 else None,
+                busy_share=min(1.0, busy / life) if life > 0 else None,
+            )  # fmt: skip
             workers.append(w)
+        loop_s = self.last_return - self.first_call if self.first_call is not None else 0.0
         return LoaderReport(
             start_method=self.start_method,
             preload_requested=self.preload,
@@ -153,10 +221,44 @@ class RunRecord:
             workers=tuple(workers),
             restarts=tuple(self.restarts),
             skipped=tuple(self.skipped),
+            batches=self.batches,
+            wait_s=self.wait_s,
+            loop_s=loop_s,
+            data_stall_share=self.wait_s / loop_s if loop_s > 0 else None,
         )
 
 
+_REPORT_LOG = logging.getLogger("steadyload.report")
+
+
+def _log_report(report: LoaderReport) -> None:
+    _REPORT_LOG.info("%s", report)
+
+
+def report_every(
+    loader: Any, seconds: float, callback: Callable[[LoaderReport], None] | None = None
+) -> None:
+    """Every ``seconds`` of training, pass ``loader.report()`` to ``callback``.
+
+    The default callback logs it at INFO on the ``steadyload.report`` logger. Checked when
+    the training loop takes a batch, so it costs no thread and no wake-up; ``seconds=0``
+    reports at every batch, ``None`` turns it off.
+
+    Raises:
+        ValueError: ``seconds`` is negative or not a number.
+    """
+    if seconds is None:
+        loader._report_every = None
+    else:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+            raise ValueError(f"report_every needs seconds >= 0 or None, got {seconds!r}")
+        loader._report_every = (float(seconds), callback or _log_report)
+    run = getattr(loader, "_last_run", None)
+    if run is not None:
+        run.periodic = loader._report_every
+
+
 # Public names report the package they are imported from (see steadyload/__init__.py).
-for _public in (LoaderReport, WorkerReport,):
+for _public in (LoaderReport, WorkerReport, report_every):
     _public.__module__ = "steadyload"
 del _public

@@ -4,36 +4,44 @@ A dataset that keeps its metadata (file names, captions, boxes) in Python lists 
 pays for it once per worker: forkserver and spawn workers each unpickle a full copy, and
 forked workers copy the pages as they touch the objects' reference counts (the
 copy-on-read effect, pytorch issue 13246). `SharedList` packs the records into one
-anonymous shared-memory file (memfd): a header, an int64 offsets table and the records'
-bytes (str and bytes stored as such, anything else pickled). Workers receive a file
-descriptor, not the data, and map the same pages; reading a record touches no Python
-object of the others. The memory goes when the last process lets go; nothing is ever
-created in /dev/shm, so nothing can be left there.
+anonymous shared-memory file (memfd): a header, the layout, an int64 offsets table and the
+records' bytes. Workers receive a file descriptor, not the data, and map the same pages;
+reading a record touches no Python object of the others. The memory goes when the last
+process lets go; nothing is ever created in /dev/shm, so nothing can be left there.
 
-Costs, honestly: building packs every record once (pickle for non-str/bytes). Reading
-decodes the record each time (a str is decoded from UTF-8, other objects unpickled), so a
-read is a few times slower than indexing a list; slices build lists. The contents are
-read-only. `SharedDict` finds keys by a sorted table of 64-bit hashes: O(log n).
+Records are stored by columns' types where they are uniform (docs/design/shm.md#sharedlist,
+`_records.py`): str and bytes as such, dicts with the same keys and tuples of the same
+length as a struct of their numbers followed by their strings, numbers as typed arrays;
+other values with marshal, or pickle where marshal would not give them back unchanged.
+
+Costs, honestly: building encodes every record once. Reading decodes the record each time,
+so a read costs several times an index into a list (benchmarks/bench_shared_list.py);
+slices build lists. The contents are read-only. `SharedDict` finds keys by a sorted table
+of 64-bit hashes: O(log n).
 """
 
 from __future__ import annotations
 
+import abc
+import bisect
 import hashlib
 import mmap
+import operator
 import os
 import pickle
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from multiprocessing import context, reduction
-from typing import Any, overload
+from typing import Any, cast, overload
 
-_STR, _BYTES, _PICKLE = 0, 1, 2
-_HEADER = struct.Struct("<8sQQQ")  # magic, count, data offset, flags
-_MAGIC = b"slshlst2"
-_ALL_STR = 1  # flag: every record is a str, stored without a tag byte (the fast path)
+from . import _records
+
+_HEADER = struct.Struct("<8sQQQQ")  # magic, count, layout length, offsets at (0: none), data at
+_MAGIC = b"slshlst3"
 
 
 def _encode(record: Any) -> bytes:
+    """Bytes that identify ``record`` (for `SharedDict`'s key hashes)."""
     if type(record) is str:
         return b"\x00" + record.encode("utf-8", "surrogatepass")
     if type(record) is bytes:
@@ -50,99 +58,92 @@ class SharedList(Sequence[Any]):
     iteration and slicing (a slice is a plain list). Safe to read from many processes and
     threads.
 
+    Reads are fastest for lists of str, of bytes, of numbers, and of dicts with the same
+    keys (or tuples of the same length) whose values are numbers, str, bytes or None: those
+    are stored by field and rebuilt without pickle. Other values are stored with marshal,
+    or pickle where marshal would not give them back unchanged, and cost a ``loads`` per
+    read. The object is an instance of a subclass made for its layout (its
+    ``__getitem__`` is generated, as `collections.namedtuple` generates its classes);
+    ``isinstance(x, steadyload.SharedList)`` holds.
+
     Args:
-        records: any picklable objects; str and bytes are stored without pickling.
+        records: any picklable objects, equal to themselves after a pickle round trip.
     """
 
-    __slots__ = ("_fd", "_mm", "_count", "_offsets", "_data", "_all_str", "__weakref__")
+    __slots__ = ("_fd", "_mm", "_count", "_offsets", "_column", "_view", "__weakref__")
+    _fd: int
+    _mm: mmap.mmap
+    _count: int
+    _offsets: memoryview | None
+    _column: memoryview | None
+    _view: memoryview
 
-    def __init__(self, records: Iterable[Any]) -> None:
-        items = list(records)
-        all_str = all(type(r) is str for r in items)
-        if all_str:
-            encoded = [r.encode("utf-8", "surrogatepass") for r in items]
+    def __new__(cls, records: Iterable[Any]) -> SharedList:
+        items = records if isinstance(records, (list, tuple)) else list(records)
+        layout, encoded = _records.plan(items)
+        head = layout.to_bytes()
+        count = len(items)
+        at = -(-(_HEADER.size + len(head)) // 8) * 8
+        if encoded is not None:
+            offsets_at, data_at = at, at + 8 * (count + 1)
+            total = data_at + sum(len(e) for e in encoded)
         else:
-            encoded = [_encode(r) for r in items]
+            fixed = _records.fixed_bytes(layout, items)
+            offsets_at, data_at = 0, at
+            total = data_at + len(fixed)
         del items
-        count = len(encoded)
-        offsets_at = _HEADER.size
-        data_at = offsets_at + 8 * (count + 1)
-        total = data_at + sum(len(e) for e in encoded)
         fd = os.memfd_create("steadyload-sharedlist", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(fd, max(total, 1))
-            mm = mmap.mmap(fd, max(total, 1))
+            os.ftruncate(fd, total)
+            mm = mmap.mmap(fd, total)
         except BaseException:
             os.close(fd)
             raise
-        _HEADER.pack_into(mm, 0, _MAGIC, count, data_at, _ALL_STR if all_str else 0)
-        # Offsets are absolute (from the start of the segment): one addition less per read.
-        offsets = memoryview(mm)[offsets_at:data_at].cast("q")
-        position = data_at
-        for i, e in enumerate(encoded):
-            offsets[i] = position
-            mm[position : position + len(e)] = e
-            position += len(e)
-        offsets[count] = position
-        offsets.release()
-        self._attach(fd, mm)
-
-    def _attach(self, fd: int, mm: mmap.mmap) -> None:
-        magic, count, data_at, flags = _HEADER.unpack_from(mm, 0)
-        if magic != _MAGIC:
-            raise ValueError("not a steadyload.SharedList segment")
-        self._fd = fd
-        self._mm = mm
-        self._count = count
-        view = memoryview(mm)
-        self._offsets = view[_HEADER.size : data_at].cast("q")
-        self._data = view
-        self._all_str = bool(flags & _ALL_STR)
-
-    @classmethod
-    def _from_fd(cls, fd: int) -> SharedList:
-        size = os.fstat(fd).st_size
-        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-        obj = cls.__new__(cls)
-        obj._attach(fd, mm)
-        return obj
+        _HEADER.pack_into(mm, 0, _MAGIC, count, len(head), offsets_at, data_at)
+        mm[_HEADER.size : _HEADER.size + len(head)] = head
+        if encoded is None:
+            mm[data_at:total] = fixed
+        else:
+            # Offsets are absolute (from the start of the segment): one addition less per read.
+            offsets = memoryview(mm)[offsets_at:data_at].cast("q")
+            position = data_at
+            for i, e in enumerate(encoded):
+                offsets[i] = position
+                mm[position : position + len(e)] = e
+                position += len(e)
+            offsets[count] = position
+            offsets.release()
+        return _attach(fd, mm)
 
     def __len__(self) -> int:
         return self._count
-
-    def _get(self, i: int) -> Any:
-        offsets = self._offsets
-        raw = self._mm[offsets[i] : offsets[i + 1]]
-        if self._all_str:
-            return raw.decode("utf-8", "surrogatepass")
-        tag = raw[0]
-        if tag == _STR:
-            return raw[1:].decode("utf-8", "surrogatepass")
-        if tag == _BYTES:
-            return raw[1:]
-        return pickle.loads(raw[1:])
 
     @overload
     def __getitem__(self, index: int) -> Any: ...
     @overload
     def __getitem__(self, index: slice) -> list[Any]: ...
     def __getitem__(self, index: int | slice) -> Any:
-        # The hot path (a str by int index) is inlined: this runs once per sample.
-        if isinstance(index, int):
-            i: int = index + self._count if index < 0 else index
-            if 0 <= i < self._count:
-                if self._all_str:
-                    offsets = self._offsets
-                    return self._mm[offsets[i] : offsets[i + 1]].decode("utf-8", "surrogatepass")
-                return self._get(i)
-            raise IndexError(f"SharedList index {index} out of range (len {self._count})")
+        # Replaced in each layout's subclass by a generated method (_records.getitem).
+        return self._other_index(index)
+
+    def _other_index(self, index: Any) -> Any:
+        """Everything but an int in range: negative, numpy/torch integers, slices, errors."""
         if isinstance(index, slice):
-            return [self._get(i) for i in range(*index.indices(self._count))]
-        return self[index.__index__()]  # numpy and torch integers
+            return [self[i] for i in range(*index.indices(self._count))]
+        try:
+            i = operator.index(index)
+        except TypeError:
+            raise TypeError(
+                f"SharedList indices must be integers or slices, not {type(index).__name__}"
+            ) from None
+        j = i + self._count if i < 0 else i
+        if 0 <= j < self._count:
+            return self[j]
+        raise IndexError(f"SharedList index {index} out of range (len {self._count})")
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(self._count):
-            yield self._get(i)
+            yield self[i]
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         if context.get_spawning_popen() is not None:
@@ -161,16 +162,63 @@ class SharedList(Sequence[Any]):
 
     def __del__(self) -> None:
         try:
-            self._offsets.release()
-            self._data.release()
+            for view in (self._column, self._offsets, self._view):
+                if view is not None:
+                    view.release()
             self._mm.close()
-            os.close(self._fd)
-        except (AttributeError, BufferError, OSError, ValueError):
+        except (AttributeError, BufferError, ValueError):
             pass  # half-built, or a record view is still held: the mapping goes with it
+        try:
+            os.close(self._fd)
+        except (AttributeError, OSError):
+            pass
+
+
+_MAX_CLASSES = 256  # layouts with their own subclass; past that, the generic (slower) read
+_classes: dict[tuple[bytes, int], tuple[type[SharedList], _records.Layout]] = {}
+
+
+def _class_for(head: bytes, data_at: int) -> tuple[type[SharedList], _records.Layout]:
+    key = (head, data_at)  # the header's bytes tell 0.0 from -0.0 and 1 from True in keys
+    found = _classes.get(key)
+    if found is not None:
+        return found
+    layout = _records.Layout.from_bytes(head)
+    namespace = {
+        "__slots__": (),
+        "__getitem__": _records.getitem(layout, data_at),
+        "__module__": "steadyload",
+        "__qualname__": "SharedList",
+        "__doc__": SharedList.__doc__,
+    }
+    cls = cast("type[SharedList]", abc.ABCMeta("SharedList", (SharedList,), namespace))
+    if len(_classes) < _MAX_CLASSES:
+        _classes[key] = (cls, layout)
+    return cls, layout
+
+
+def _attach(fd: int, mm: mmap.mmap) -> SharedList:
+    magic, count, head_len, offsets_at, data_at = _HEADER.unpack_from(mm, 0)
+    if magic != _MAGIC:
+        raise ValueError("not a steadyload.SharedList segment")
+    head = mm[_HEADER.size : _HEADER.size + head_len]
+    # Variable-width records are found through the offsets: data_at does not matter.
+    cls, layout = _class_for(head, 0 if offsets_at else data_at)
+    obj: SharedList = object.__new__(cls)
+    obj._fd, obj._mm, obj._count = fd, mm, count
+    obj._view = memoryview(mm)
+    obj._offsets = obj._view[offsets_at:data_at].cast("q") if offsets_at else None
+    obj._column = None
+    if layout.shape == "value" and len(layout.codes) == 1 and layout.codes in "bhiqd?":
+        width = layout.fixed.size
+        obj._column = obj._view[data_at : data_at + width * count].cast(layout.codes)  # type: ignore[call-overload]  # one of "bhiqd?"
+    return obj
 
 
 def _rebuild_shared(dupfd: Any) -> SharedList:
-    return SharedList._from_fd(dupfd.detach())
+    fd = dupfd.detach()
+    mm = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
+    return _attach(fd, mm)
 
 
 def _key_hash(key: Any) -> int:
@@ -193,17 +241,15 @@ class SharedDict(Mapping[Any, Any]):
         hashed = sorted((_key_hash(k), i) for i, (k, _) in enumerate(items))
         self._keys = SharedList(k for k, _ in items)
         self._values = SharedList(v for _, v in items)
-        self._hashes = SharedList([struct.pack(f"<{len(hashed)}q", *(h for h, _ in hashed))])
-        self._order = SharedList([struct.pack(f"<{len(hashed)}q", *(i for _, i in hashed))])
+        # Lists of ints: stored as typed arrays, indexed without a copy by bisect.
+        self._hashes = SharedList([h for h, _ in hashed])
+        self._order = SharedList([i for _, i in hashed])
 
     def __len__(self) -> int:
         return len(self._keys)
 
     def __getitem__(self, key: Any) -> Any:
-        import bisect
-
-        hashes = memoryview(self._hashes[0]).cast("q")
-        order = memoryview(self._order[0]).cast("q")
+        hashes, order = self._hashes, self._order
         h = _key_hash(key)
         i = bisect.bisect_left(hashes, h)
         while i < len(hashes) and hashes[i] == h:

@@ -469,3 +469,37 @@ class TensorHeavy(Dataset[Any]):
 
     def __getitem__(self, i: int) -> Any:
         return self.table[i]
+
+
+# -- tuning / bench helpers (steadyload bench, num_workers="auto") --------------------------
+
+
+class Busy(Dataset[Any]):
+    """Each sample keeps a CPU busy for ``work_s`` (a spin, not a sleep: workers compete)."""
+
+    def __init__(self, n: int, work_s: float) -> None:
+        self.n, self.work_s = n, work_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        end = time.perf_counter() + self.work_s
+        while time.perf_counter() < end:
+            pass
+        return torch.full((4,), float(i))
+
+
+def bench_small() -> Dataset[Any]:
+    """2048 samples of ~1 ms CPU work each: `steadyload bench tests.datasets:bench_small`."""
+    return Busy(2048, 0.001)
+
+
+def bench_trivial() -> Dataset[Any]:
+    """4096 tensors of 3 floats: no work at all."""
+    return MapDS(4096)
+
+
+def bench_busy_5ms() -> Dataset[Any]:
+    """400 samples of ~5 ms CPU work each."""
+    return Busy(400, 0.005)

@@ -1,14 +1,20 @@
 """Entry point of the ``steadyload`` command.
 
-For quick start-up, nothing heavy (torch) is imported at module level: subcommands import
-what they need when dispatched.
+For quick start-up, nothing heavy (torch) is imported at module level: each subcommand
+module imports only the standard library when its parser is built, and what it needs
+when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
-import sys
+
+SUBCOMMANDS = ("doctor", "bench")
+"""Modules of `steadyload.cli`, one per subcommand, each with ``add_parser(subparsers)``
+(registering a subparser named like the module) and ``run(args) -> int`` (the exit status).
+Adding one is adding its name here."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,10 +27,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--version", action="version", version=f"steadyload {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
-    parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if "-v" in (argv or sys.argv) else logging.INFO)
-    parser.print_help()
-    return 0
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    modules = {name: importlib.import_module(f"{__package__}.{name}") for name in SUBCOMMANDS}
+    for module in modules.values():
+        module.add_parser(subparsers)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    code: int = modules[args.command].run(args)
+    return code
 
 
 if __name__ == "__main__":

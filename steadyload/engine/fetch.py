@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._seeding import StreamItem
 from ..diagnosis import format_indices
 from ..report import SkippedSample
 from .status import COLLATING, POSITION, STAGE
@@ -40,12 +41,16 @@ class Fetcher:
         *,
         skip_errors: bool = False,
         fields: Any = None,
+        seeder: Callable[[Any], None] | None = None,
     ) -> None:
         self._kind = kind
         self._skip = skip_errors
         self._fields = fields  # the worker's status fields (POSITION, STAGE), or None
+        self._seeder = seeder  # sample_seeds=True: seeds the RNGs before each sample
         self.skipped: list[SkippedSample] = []
         """Samples skipped by the last `fetch`."""
+        self.count = 0
+        """Samples in the batch the last `fetch` returned."""
         self._dataset = dataset
         self._auto_collation = auto_collation
         self._collate_fn = collate_fn
@@ -89,8 +94,11 @@ class Fetcher:
         if self._auto_collation:
             getitems = getattr(dataset, "__getitems__", None)
             data: Any
+            seeder = self._seeder
             if getitems and not self._skip:
                 self._stage, self._current = "getitems", index
+                if seeder is not None:
+                    seeder(index[0] if len(index) else None)  # one batched call: one seed
                 data = getitems(index)
             else:
                 data = []
@@ -99,6 +107,8 @@ class Fetcher:
                     self._current = i
                     if fields is not None:
                         fields[POSITION] = position
+                    if seeder is not None:
+                        seeder(i)
                     if not self._skip:
                         data.append(dataset[i])
                         continue
@@ -109,10 +119,13 @@ class Fetcher:
                 if not data and self.skipped:
                     raise AllSkipped
             self._stage, self._current = "collate", index
+            self.count = len(data)
         else:
             self._stage, self._current = "sample", index
             if fields is not None:
                 fields[POSITION] = 0
+            if self._seeder is not None:
+                self._seeder(index)
             try:
                 data = dataset[index]
             except Exception as exc:
@@ -121,6 +134,7 @@ class Fetcher:
                 self.skipped.append(SkippedSample(index, *_describe(exc)))
                 raise AllSkipped from exc
             self._stage = "convert"
+            self.count = 1
         if fields is not None:
             fields[STAGE] = COLLATING
         return self._collate_fn(data)
@@ -132,6 +146,8 @@ class Fetcher:
         if self._auto_collation:
             data = []
             for _ in index:
+                if self._seeder is not None:
+                    self._seeder(StreamItem(self._items_read))
                 try:
                     data.append(next(iterator))
                 except StopIteration:
@@ -150,7 +166,10 @@ class Fetcher:
             if not data or (self._drop_last and len(data) < len(index)):
                 raise StopIteration
         else:
+            if self._seeder is not None:
+                self._seeder(StreamItem(self._items_read))
             data = next(iterator)
             self._items_read += 1
         self._stage = "collate-stream"
+        self.count = len(data) if self._auto_collation else 1
         return self._collate_fn(data)

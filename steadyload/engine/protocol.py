@@ -22,6 +22,8 @@ class Task:
     indices: object
     freed: tuple[int, ...] = ()
     """Ids of this worker's shared-memory segments that the parent no longer uses."""
+    epoch: int = 0
+    """The loader's epoch number (seeds samples with ``sample_seeds=True``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,10 @@ class Done:
     """Samples left out of the batch because loading them raised (on_error="skip")."""
     stream_state: bytes | None = None
     """A stateful IterableDataset's pickled ``state_dict()`` after this batch."""
+    samples: int = 0
+    """Samples in the batch."""
+    load_s: float = 0.0
+    """Time from the task's start to the batch packed in shared memory. [Unit: second]"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,11 +204,11 @@ class Supervisor:
         """The clock the supervisor measures with."""
         return self._clock
 
-    def send_task(self, worker_id: int, task_id: int, indices: Any) -> None:
+    def send_task(self, worker_id: int, task_id: int, indices: Any, epoch: int = 0) -> None:
         """Send a task, handing back the segments the parent has finished with."""
         h = self._handles[worker_id]
         assert h is not None
-        self._send(h, Task(task_id, indices, h.segments.drain_freed()))
+        self._send(h, Task(task_id, indices, h.segments.drain_freed(), epoch))
 
     def send_restore(self, worker_id: int, state: bytes) -> None:
         """Tell a replacement worker where its IterableDataset stream resumes."""

@@ -12,6 +12,7 @@ the parent reads after a death or a hang.
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 from torch.utils.data._utils import worker as _torch_worker
 
+from .._seeding import SampleSeeder
 from ..pickling import dumps_for_worker
 from .fetch import ITERABLE, AllSkipped, Fetcher
 from .protocol import (
@@ -75,6 +77,8 @@ class WorkerConfig:
     """Retire (exit after the current task) when the worker's USS passes this."""
     stateful_stream: bool = False
     """An IterableDataset with state_dict()/load_state_dict(): its state goes with batches."""
+    sample_seeds: bool = False
+    """Seed the RNGs before each sample from (base seed, epoch, index): see _seeding.py."""
 
 
 class Deferred:
@@ -272,10 +276,12 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
     if HAVE_MEMFD:
         install_collate_hook(arena)
 
+    seeder = SampleSeeder(cfg.base_seed, worker_id) if cfg.sample_seeds else None
+
     def new_fetcher() -> Fetcher:
         return Fetcher(
             cfg.dataset_kind, cfg.dataset, cfg.auto_collation, cfg.collate_fn, cfg.drop_last,
-            skip_errors=cfg.skip_errors, fields=status.fields,
+            skip_errors=cfg.skip_errors, fields=status.fields, seeder=seeder,
         )
 
     init_error: tuple[BaseException, str] | None = None
@@ -290,6 +296,10 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
         # Reported with every task, as torch does for the first one: nothing can load.
         init_error = (exc, stage)
     _LOG.debug("worker %d started (seed %d)", worker_id, seed)
+    # Keep later collections off the objects made so far (the dataset; under fork, the
+    # parent's whole heap): a full collection writes to every object it traverses and
+    # un-shares its page (35 MiB per worker, measured). See steadyload/_preload_freeze.py.
+    gc.freeze()
 
     iteration_end = False
     cap = _MemoryCap(cfg.max_memory_bytes) if cfg.max_memory_bytes is not None else None
@@ -322,6 +332,8 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
                 conn.send(Exhausted(msg.task_id))
                 continue
             status.begin(msg.task_id)
+            if seeder is not None:
+                seeder.epoch = msg.epoch
             iteration_end = _run_task(
                 msg, fetcher, arena, conn, sock, cfg.dataset_kind, status,
                 cfg.dataset if cfg.stateful_stream else None,
@@ -344,6 +356,7 @@ def _run_task(
     kind: int, status: WorkerStatus, stateful: Any,
 ) -> bool:
     """Run one task and send its outcome; True when the dataset's stream has ended."""
+    began = time.perf_counter()
     arena.begin_task()
     try:
         data = fetcher.fetch(task.indices)
@@ -381,6 +394,8 @@ def _run_task(
             retired=retired,
             skipped=tuple(fetcher.skipped),
             stream_state=state,
+            samples=fetcher.count,
+            load_s=time.perf_counter() - began,
         )
     )
     if new:

@@ -96,11 +96,14 @@ def test_random_kills_from_outside_lose_and_repeat_nothing() -> None:
             if not handles:
                 continue
             victim = rng.choice(handles)
-            progress = victim.status.progress()
-            spot = (progress.task_id, progress.position)
-            if progress.stage == LOADING and spot in killed:
-                continue
             try:
+                # Frozen first, so the sample it is on cannot change between look and kill.
+                os.kill(victim.pid, signal.SIGSTOP)
+                progress = victim.status.progress()
+                spot = (progress.task_id, progress.position)
+                if progress.stage == LOADING and spot in killed:
+                    os.kill(victim.pid, signal.SIGCONT)
+                    continue
                 os.kill(victim.pid, signal.SIGKILL)
             except ProcessLookupError:
                 continue
@@ -245,3 +248,21 @@ def test_skipping_every_sample_is_an_error_not_an_endless_loop(num_workers: int,
     with pytest.raises(sl.SkipLimitError, match=r"on_error='skip' left out 64 samples in a row without loading a single one; the first was sample (\d+): builtins\.ValueError: sample \1 is corrupt\n.*\nFix: load that sample in this process \(dataset\[\1\]\)"):
         for _ in loader:
             pass
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("faulty", [{4, 5, 6, 7, 9}, {0, 1, 2, 3}], ids=["middle", "first"])
+def test_skip_never_changes_the_number_of_batches(
+    num_workers: int, faulty: set[int], tmp_path: Path
+) -> None:
+    # Ranks of a distributed run must stay in step: a batch whose every sample failed is
+    # yielded empty (shaped like the others), never dropped.
+    ds = FaultOnce(16, faulty, "raise", str(tmp_path), always=True)
+    loader = sl.DataLoader(ds, batch_size=4, num_workers=num_workers, on_error="skip")
+    batches = list(loader)
+    assert len(batches) == len(loader) == 4
+    empty = min(faulty) // 4
+    assert batches[empty].shape == (0, 1) and batches[empty].dtype == torch.int64
+    seen = sorted(int(x) for b in batches for x in b.flatten())
+    assert seen == sorted(set(range(16)) - faulty)
+    assert sorted(k.index for k in loader.report().skipped) == sorted(faulty)

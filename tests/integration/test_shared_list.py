@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import steadyload as sl
+from steadyload import _records
 from tests.datasets import SharedRows
 
 RECORDS: list[Any] = [
@@ -39,6 +43,125 @@ def test_records_round_trip_with_indexing_slicing_and_iteration() -> None:
 def test_pickled_outside_a_worker_start_it_carries_the_records() -> None:
     copy = pickle.loads(pickle.dumps(sl.SharedList(["a", "b"])))
     assert list(copy) == ["a", "b"]
+
+
+def _same(got: Any, want: Any) -> bool:
+    """Equal, of the same types all the way down (1 is not True nor 1.0), -0.0 and NaN too."""
+    if type(got) is not type(want):
+        return False
+    if isinstance(want, float):
+        return (math.isnan(got) and math.isnan(want)) or (
+            got == want and math.copysign(1, got) == math.copysign(1, want))
+    if isinstance(want, (list, tuple)):
+        return len(got) == len(want) and all(map(_same, got, want))
+    if isinstance(want, dict):
+        return _same(list(got), list(want)) and all(_same(got[k], want[k]) for k in want)
+    if isinstance(want, (set, frozenset)):
+        return got == want and {type(x) for x in got} == {type(x) for x in want}
+    if isinstance(want, np.ndarray):
+        return want.dtype == got.dtype and np.array_equal(got, want)
+    return bool(got == want)
+
+
+_SCALARS: list[st.SearchStrategy[Any]] = [
+    st.integers(-(1 << 7), (1 << 7) - 1), st.integers(-(1 << 31), 1 << 31),
+    st.integers(-(1 << 63), (1 << 63) - 1), st.integers(), st.floats(), st.booleans(),
+    st.none(), st.text(), st.binary(),
+    st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)),  # surrogates
+]
+_ANY_SCALAR = st.one_of(*_SCALARS)
+_NESTED = st.recursive(
+    _ANY_SCALAR,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.tuples(inner, inner),
+        st.dictionaries(st.text(max_size=3), inner, max_size=3),
+        st.frozensets(st.integers(), max_size=3),
+        st.builds(np.array, st.lists(st.integers(-9, 9), max_size=3)),  # pickled
+    ),
+    max_leaves=6,
+)
+_COLUMN = st.sampled_from([*_SCALARS, _ANY_SCALAR, _NESTED])  # a field's values
+
+
+@st.composite
+def _records_of_one_shape(draw: st.DrawFn) -> list[Any]:
+    """Lists that hit every layout: values, same-key dicts, same-length tuples, mixed."""
+    n = draw(st.integers(0, 12))
+    shape = draw(st.sampled_from(["value", "dict", "tuple", "mixed"]))
+    if shape == "value":
+        return draw(st.lists(draw(_COLUMN), min_size=n, max_size=n))
+    if shape == "mixed":
+        return draw(st.lists(_NESTED, min_size=n, max_size=n))
+    width = draw(st.integers(1, 4))
+    columns = [draw(st.lists(draw(_COLUMN), min_size=n, max_size=n)) for _ in range(width)]
+    if shape == "tuple":
+        return [tuple(c[j] for c in columns) for j in range(n)]
+    keys = draw(st.lists(st.text(max_size=4) | st.integers() | st.booleans(), min_size=width,
+                         max_size=width, unique_by=lambda k: (type(k), k)))
+    return [dict(zip(keys, (c[j] for c in columns), strict=True)) for j in range(n)]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=_records_of_one_shape(), data=st.data())
+def test_any_records_round_trip_with_their_types(records: list[Any], data: st.DataObject) -> None:
+    shared = sl.SharedList(records)
+    assert isinstance(shared, sl.SharedList) and len(shared) == len(records)
+    assert _same(list(shared), records)
+    if records:
+        i = data.draw(st.integers(-len(records), len(records) - 1), label="index")
+        assert _same(shared[i], records[i])
+    window = data.draw(st.slices(len(records) + 2), label="slice")
+    assert _same(shared[window], records[window])
+    assert _same(list(pickle.loads(pickle.dumps(shared))), records)
+
+
+@pytest.mark.parametrize(("records", "shape", "codes"), [
+    ([{"file": "a.jpg", "label": 3, "w": 640.0}] * 3, "dict", "sbd"),
+    ([("a", 1 << 40, True, None, b"x")] * 2, "tuple", "sq?Ny"),
+    ([{"a": 1}, {"b": 1}], "value", "m"),  # different keys: whole records
+    ([{"a": 1, "b": 2}, {"b": 2, "a": 1}], "value", "m"),  # same keys, another order
+    ([{"box": [1, 2]}, {"box": [3]}], "dict", "m"),  # only that field with marshal
+    ([{"x": 1}, {"x": "1"}], "dict", "m"),  # one field of two types
+    ([1 << 64, 1], "value", "m"),  # past int64
+    ([1, True], "value", "m"),  # bool is not int
+    ([np.arange(2), "x"], "value", "o"),  # marshal would give bytes back: pickled
+    (["a", "\udcff"], "value", "S"),  # lone surrogates
+    ([], "value", "o"),
+])
+def test_layout_is_by_field_where_records_are_uniform(records: list[Any], shape: str, codes: str) -> None:
+    layout, _ = _records.plan(records)
+    assert (layout.shape, layout.codes) == (shape, codes)
+    assert _same(list(sl.SharedList(records)), records)
+
+
+def test_bad_index_types_say_what_was_given() -> None:
+    shared = sl.SharedList([{"a": 1}])
+    with pytest.raises(TypeError, match="SharedList indices must be integers or slices, not float"):
+        shared[1.0]  # type: ignore[call-overload]  # the wrong type is the point
+    assert shared[False] == {"a": 1} and shared[np.int32(-1)] == {"a": 1}
+    with pytest.raises(IndexError, match=r"SharedList index -2 out of range \(len 1\)"):
+        shared[-2]
+
+
+ROWS_OF_EACH_LAYOUT = {
+    "dicts": [{"file": f"{i}.jpg", "label": i % 3, "w": i / 2, "ok": i % 2 == 0, "x": None}
+              for i in range(20)],
+    "tuples": [(f"{i}.jpg", i, b"\x00" * i) for i in range(20)],
+    "mixed": [i if i % 3 else {"i": [i, str(i)]} for i in range(20)],
+    "floats": [i / 7 for i in range(20)],
+}
+
+
+@pytest.mark.parametrize(("method", "kind"), [
+    *(("forkserver", kind) for kind in ROWS_OF_EACH_LAYOUT), ("spawn", "dicts"),
+])
+def test_each_layout_is_read_the_same_in_workers(method: str, kind: str) -> None:
+    # The workers rebuild each layout's reader from the segment's header, not from a cache.
+    rows = ROWS_OF_EACH_LAYOUT[kind]
+    loader = sl.DataLoader(SharedRows(rows), batch_size=5, num_workers=2, start_method=method,
+                           collate_fn=list)
+    got = [sample["row"] for batch in loader for sample in batch]
+    assert _same(got, rows)
 
 
 @pytest.mark.parametrize("method", ["forkserver", "fork", "spawn"])

@@ -1,0 +1,63 @@
+"""loader.report(): per-worker throughput, the data-stall share, report_every."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+import steadyload
+from tests.datasets import Busy, MapDS
+
+
+def test_per_worker_figures_add_up() -> None:
+    loader = steadyload.DataLoader(Busy(96, 0.001), batch_size=4, num_workers=2)
+    batches = sum(1 for _ in loader)
+    report = loader.report()
+    assert report.batches == batches == len(loader)
+    assert sum(w.samples for w in report.workers) == 96
+    for w in report.workers:
+        assert w.samples_per_s is not None and w.samples_per_s > 0
+        assert w.busy_share is not None and 0 < w.busy_share <= 1
+    assert report.data_stall_share is not None and 0 <= report.data_stall_share <= 1
+    assert 0 < report.wait_s <= report.loop_s
+    text = str(report)
+    assert "data stall:" in text and "samples/s" in text and "busy" in text
+
+
+def _stall(dataset: Any, step_s: float) -> float:
+    loader = steadyload.DataLoader(dataset, batch_size=4, num_workers=2)
+    for _ in loader:
+        time.sleep(step_s)  # the training step
+    share = loader.report().data_stall_share
+    assert share is not None
+    return share
+
+
+def test_data_stall_share_tells_slow_data_from_a_slow_loop() -> None:
+    # Wide margins: the figure is a measurement on a shared machine, not a target.
+    assert _stall(Busy(48, 0.01), 0.0) > 0.5  # the loop only waits for data
+    assert _stall(MapDS(80), 0.03) < 0.5  # data is always ready before the step ends
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_report_every_calls_back_and_can_be_turned_off(workers: int) -> None:
+    loader = steadyload.DataLoader(MapDS(12), batch_size=2, num_workers=workers)
+    got: list[steadyload.LoaderReport] = []
+    steadyload.report_every(loader, 0, got.append)
+    list(loader)
+    assert [r.batches for r in got] == [1, 2, 3, 4, 5, 6]
+    steadyload.report_every(loader, None)
+    list(loader)
+    assert len(got) == 6
+    with pytest.raises(ValueError, match="report_every needs seconds >= 0 or None, got -1"):
+        steadyload.report_every(loader, -1)
+
+
+def test_report_every_logs_at_info_by_default(caplog: pytest.LogCaptureFixture) -> None:
+    loader = steadyload.DataLoader(MapDS(4), batch_size=2)
+    steadyload.report_every(loader, 0)
+    with caplog.at_level("INFO", logger="steadyload.report"):
+        list(loader)
+    assert sum("steadyload loader report" in r.message for r in caplog.records) == 2
