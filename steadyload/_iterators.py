@@ -189,7 +189,26 @@ class EmptyBatches:
         return empty_like(template)
 
 
-class _InProcessIter(_BaseDataLoaderIter):
+class TimedNext:
+    """Mixin for the iterators: times each ``next()`` for the data-stall share (report.py)."""
+
+    record: RunRecord
+
+    def _next_data_timed(self) -> Any:
+        raise NotImplementedError
+
+    def _next_data(self) -> Any:
+        called = time.perf_counter()
+        try:
+            data = self._next_data_timed()
+        except StopIteration:
+            self.record.waited(called, time.perf_counter(), delivered=False)
+            raise
+        self.record.waited(called, time.perf_counter())
+        return data
+
+
+class _InProcessIter(TimedNext, _BaseDataLoaderIter):
     """num_workers=0: load in this process, with torch's semantics and steadyload's notes."""
 
     # Set by state.begin_epoch: batches yielded, epoch over, a stream's saved position.
@@ -223,16 +242,6 @@ class _InProcessIter(_BaseDataLoaderIter):
         self._guard = SkipGuard()
         self._empty = EmptyBatches(self._collate_fn)
         self._ahead: collections.deque[tuple[int, Any]] = collections.deque()
-
-    def _next_data(self) -> Any:
-        called = time.perf_counter()
-        try:
-            data = self._next_data_timed()
-        except StopIteration:
-            self.record.waited(called, time.perf_counter(), delivered=False)
-            raise
-        self.record.waited(called, time.perf_counter())
-        return data
 
     def _next_data_timed(self) -> Any:
         ordinal, data = self._ahead.popleft() if self._ahead else self._load_next()

@@ -30,6 +30,7 @@ from . import _system, diagnosis, start, state
 from ._iterators import (
     EmptyBatches,
     SkipGuard,
+    TimedNext,
     _DatasetError,
     _flat,
 )
@@ -76,7 +77,7 @@ class _Epoch:
     restarts: int = 0
 
 
-class _WorkerIter(_BaseDataLoaderIter):
+class _WorkerIter(TimedNext, _BaseDataLoaderIter):
     """num_workers>0: batches from steadyload's supervised worker processes."""
 
     # Set by state.begin_epoch: batches yielded, epoch over, a stream's saved position.
@@ -245,16 +246,6 @@ class _WorkerIter(_BaseDataLoaderIter):
         return True
 
     # -- results -----------------------------------------------------------------------------
-    def _next_data(self) -> Any:
-        called = time.perf_counter()
-        try:
-            data = self._next_data_timed()
-        except StopIteration:
-            self.record.waited(called, time.perf_counter(), delivered=False)
-            raise
-        self.record.waited(called, time.perf_counter())
-        return data
-
     def _next_data_timed(self) -> Any:
         if self._error is not None:
             # Never resume silently after a fatal error: the lost batches would go unnoticed.

@@ -18,7 +18,6 @@ split between workers by the dataset itself, so resuming needs the same ``num_wo
 from __future__ import annotations
 
 import copy
-import io
 import pickle
 import warnings
 from collections.abc import Iterator
@@ -237,7 +236,7 @@ def load(loader: DataLoader[Any], state: Any) -> None:
         raise _fail(
             "load_state_dict() expects the dict that steadyload.DataLoader.state_dict() "
             f"returned, got {type(state).__name__}"
-            + (f" with keys {sorted(state)[:8]}" if isinstance(state, dict) else "") + ".",
+            + (f" with keys {list(state)[:8]}" if isinstance(state, dict) else "") + ".",
             "only a steadyload loader state says where its epoch stood.",
             "pass loader.state_dict() as saved in your checkpoint.",
         )
@@ -283,6 +282,11 @@ def load(loader: DataLoader[Any], state: Any) -> None:
         raise _fail(
             "steadyload cannot resume this DataLoader mid-epoch: " + reason + ".", "", ""
         )
+    live = getattr(loader, "_iterator", None)
+    if live is not None:
+        # Persistent workers were configured with the old base seed: start afresh.
+        live._shutdown_workers()
+        loader._iterator = None
     loader._epoch = state["epoch"]
     loader._resume = Resume(copy.deepcopy(state))
     if state["finished"]:
@@ -409,11 +413,3 @@ def _resume_mid_epoch(loader: DataLoader[Any], it: Any, state: dict[str, Any]) -
     if state["stream"] is not None:
         it._sl_stream_resume = state["stream"]
 
-
-def torch_save_roundtrip(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` through torch.save/torch.load (weights_only), as a checkpoint would."""
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    buf.seek(0)
-    loaded: dict[str, Any] = torch.load(buf, weights_only=True)
-    return loaded

@@ -278,3 +278,15 @@ def test_sample_seeds_differ_per_epoch_and_sample() -> None:
     first, second = next(iter(loader)), next(iter(loader))
     assert len(set(first[:, 1].tolist())) == 8  # no two samples share their draw
     assert not torch.equal(first[:, 1:], second[:, 1:])  # nor two epochs
+
+
+def test_load_into_a_loader_with_live_persistent_workers() -> None:
+    full = _epochs(resume_job.make_loader(2, persistent=True), 2)
+    loader = resume_job.make_loader(2, persistent=True)
+    it = iter(loader)
+    first = [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    list(it)
+    list(loader)  # the same loader goes on to another epoch, then is rewound
+    loader.load_state_dict(state)
+    assert_same_batches(first + [b for _ in range(2) for b in loader], full)
