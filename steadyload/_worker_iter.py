@@ -4,14 +4,8 @@ Dispatch is torch's (round-robin over active workers, ``prefetch_factor`` tasks 
 yield in task order), so a worker sees the same samples in the same order as under torch
 and random values drawn inside ``__getitem__`` match too.
 
-Recovery (docs/design/recovery.md): when a worker dies, the supervisor reports it at once
-with what its status block says it was doing. If the restart budget allows, a fresh worker
-with the same id (and seed) takes over and re-runs every task the dead one held, in the
-same order, so the caller sees the same batches as without the fault. A sample that kills
-a worker twice is not tried a third time: it raises, or with ``on_error="skip"`` it is left
-out of its batch and recorded. A task that outlives ``hang_timeout`` has the worker's stack
-dumped, the worker killed and the task retried once; a second hang raises
-`WorkerHangError` with the stack.
+Recovery from dead, hung and over-memory workers is the `Recovery` mixin
+(`_worker_recovery.py`); checkpoint/resume bookkeeping is `state.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +14,6 @@ import collections
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
@@ -34,10 +27,10 @@ from ._iterators import (
     _DatasetError,
     _flat,
 )
-from ._recovery import blame, gather_evidence, rebuild_exception, start_failure, stateful
+from ._recovery import rebuild_exception, start_failure, stateful
+from ._worker_recovery import EMPTY, EpochTable, Recovery, TaskEntry
 from .engine.fetch import ITERABLE
 from .engine.protocol import Empty, Exhausted, Failed, Ready, Retire, StartFailed
-from .engine.status import IDLE
 from .engine.supervisor import Died, Supervisor
 from .engine.worker import WorkerConfig
 from .memory import (
@@ -47,37 +40,13 @@ from .memory import (
     check_in_flight,
     raise_fd_limit,
 )
-from .report import RestartReport, RunRecord, SkippedSample, WorkerReport, summarize_modules
+from .report import RunRecord, SkippedSample, WorkerReport, summarize_modules
 
 if TYPE_CHECKING:
     from .loader import DataLoader
 
 _LOG = logging.getLogger(__name__)
-_EMPTY = object()  # outcome of a task whose every sample was skipped
-
-
-@dataclass(slots=True)
-class _Task:
-    worker_id: int
-    indices: Any
-    ordinal: int  # batch number in the epoch (state.py)
-    outcome: Any = None
-    has_outcome: bool = False
-    failed: bool = False
-    stream_state: bytes | None = None  # a stateful stream's state after this batch
-
-
-@dataclass(slots=True)
-class _Epoch:
-    """The task table of one epoch: task id -> `_Task`, for tasks not yet yielded."""
-
-    tasks: dict[int, _Task] = field(default_factory=dict)
-    rcvd: int = 0
-    outstanding: int = 0  # tasks sent whose outcome has not arrived (torch's _tasks_outstanding)
-    restarts: int = 0
-
-
-class _WorkerIter(TimedNext, _BaseDataLoaderIter):
+class _WorkerIter(TimedNext, Recovery, _BaseDataLoaderIter):
     """num_workers>0: batches from steadyload's supervised worker processes."""
 
     # Set by state.begin_epoch: batches yielded, epoch over, a stream's saved position.
@@ -130,7 +99,7 @@ class _WorkerIter(TimedNext, _BaseDataLoaderIter):
         self._next_task_id = 0
         self._stale: dict[int, int] = {}  # task id -> worker, for tasks of abandoned epochs
         self._arrived: collections.deque[int] = collections.deque()
-        self._epoch = _Epoch()
+        self._epoch = EpochTable()
         self._active = [True] * self._num_workers
         self._per_worker = [0] * self._num_workers
         self._cycle = itertools.cycle(range(self._num_workers))
@@ -183,7 +152,7 @@ class _WorkerIter(TimedNext, _BaseDataLoaderIter):
         self._stale.update(
             {tid: t.worker_id for tid, t in self._epoch.tasks.items() if not t.has_outcome}
         )
-        self._epoch = _Epoch(rcvd=self._next_task_id)
+        self._epoch = EpochTable(rcvd=self._next_task_id)
         self._arrived.clear()
         self._active = [True] * self._num_workers
         self._per_worker = [0] * self._num_workers
@@ -239,7 +208,7 @@ class _WorkerIter(TimedNext, _BaseDataLoaderIter):
             return False
         task_id = self._next_task_id
         self._next_task_id += 1
-        epoch.tasks[task_id] = _Task(worker_id, index, self._sampler_iter.ordinal)
+        epoch.tasks[task_id] = TaskEntry(worker_id, index, self._sampler_iter.ordinal)
         self._per_worker[worker_id] += 1
         epoch.outstanding += 1
         self._supervisor.send_task(worker_id, task_id, index, self._sl_epoch)
@@ -298,13 +267,13 @@ class _WorkerIter(TimedNext, _BaseDataLoaderIter):
                 raise self._guard.nothing_loaded()
             self._collect(epoch.rcvd)
 
-    def _can_deliver(self, task: _Task) -> bool:
+    def _can_deliver(self, task: TaskEntry) -> bool:
         # A batch whose samples were all skipped is yielded empty, shaped like one that
         # loaded; until one has, it waits (and _next_data_inner loads further).
-        return task.outcome is not _EMPTY or self._empty.ready
+        return task.outcome is not EMPTY or self._empty.ready
 
-    def _deliver(self, task: _Task) -> Any:
-        if task.outcome is _EMPTY:
+    def _deliver(self, task: TaskEntry) -> Any:
+        if task.outcome is EMPTY:
             self._release(task)
             data = self._empty.make()
         else:
@@ -376,7 +345,7 @@ class _WorkerIter(TimedNext, _BaseDataLoaderIter):
             self._record_skips(event.skipped)
             task = self._settle(event.task_id)
             if task is not None:
-                task.outcome, task.has_outcome = _EMPTY, True
+                task.outcome, task.has_outcome = EMPTY, True
                 self._note_arrival(event.task_id)
         elif isinstance(event, Exhausted):
             self._record_skips(event.skipped)
@@ -418,7 +387,7 @@ class _WorkerIter(TimedNext, _BaseDataLoaderIter):
         if ready.preload_missing is not None:
             record.preload_missing = ready.preload_missing
 
-    def _settle(self, task_id: int) -> _Task | None:
+    def _settle(self, task_id: int) -> TaskEntry | None:
         """An outcome for ``task_id`` arrived: the task, or None if it is stale."""
         if task_id in self._stale:
             del self._stale[task_id]
@@ -429,11 +398,11 @@ class _WorkerIter(TimedNext, _BaseDataLoaderIter):
             return task
         return None
 
-    def _release(self, task: _Task) -> None:
+    def _release(self, task: TaskEntry) -> None:
         self._per_worker[task.worker_id] -= 1
         self._try_put_index()
 
-    def _process(self, task: _Task) -> Any:
+    def _process(self, task: TaskEntry) -> Any:
         self._release(task)
         if task.failed:
             raise _DatasetError(task.outcome)
@@ -442,161 +411,3 @@ class _WorkerIter(TimedNext, _BaseDataLoaderIter):
             data = _pin_memory(data, self._pin_memory_device)
         return data
 
-    # -- recovery ----------------------------------------------------------------------------
-    def _held_by(self, worker_id: int) -> list[tuple[int, _Task]]:
-        return sorted(
-            (tid, t) for tid, t in self._epoch.tasks.items()
-            if t.worker_id == worker_id and not t.has_outcome
-        )
-
-    def _next_hang_deadline(self) -> float | None:
-        limit = self._opts.hang_timeout
-        if limit is None or self._supervisor is None:
-            return None
-        soonest = None
-        for worker_id in range(self._num_workers):
-            progress = self._supervisor.progress(worker_id)
-            if progress is None or worker_id in self._hung:
-                continue
-            if progress.stage == IDLE:
-                # It may start a task right after this look, without a message to wake us;
-                # such a task cannot be overdue before now + limit, so look again then.
-                at = time.monotonic() + limit
-            else:
-                at = progress.started_ns / 1e9 + limit
-            soonest = at if soonest is None else min(soonest, at)
-        return soonest
-
-    def _check_hangs(self) -> None:
-        limit = self._opts.hang_timeout
-        if limit is None or self._supervisor is None:
-            return
-        now_ns = time.monotonic_ns()
-        for worker_id in range(self._num_workers):
-            progress = self._supervisor.progress(worker_id)
-            if progress is None or progress.stage == IDLE or worker_id in self._hung:
-                continue
-            if now_ns - progress.started_ns < limit * 1e9:
-                continue
-            stack = self._supervisor.dump_stack(worker_id)
-            self._hung[worker_id] = (progress.task_id, stack)
-            _LOG.info(
-                "worker %d (pid %s) has run task %d for more than hang_timeout=%s s; its "
-                "stack:\n%s", worker_id, self._supervisor.pid(worker_id), progress.task_id,
-                limit, stack,
-            )
-            self._supervisor.kill(worker_id)  # its death arrives as a Died event
-
-    def _on_died(self, worker_id: int, died: Died) -> None:
-        assert self._supervisor is not None
-        held = self._held_by(worker_id)
-        for tid in [tid for tid, owner in self._stale.items() if owner == worker_id]:
-            del self._stale[tid]  # never answered now; no need to re-run a finished epoch
-        held_ids = {tid for tid, _ in held}
-        sample, blamed_task = blame(died.progress, self._epoch.tasks, held_ids)
-        evidence = gather_evidence(died, self._oom_kills, self._memory.last_rss(worker_id))
-        self._oom_kills = evidence.oom_kills_after
-        hung = self._hung.pop(worker_id, None)
-        retired_uss = self._retiring.pop(worker_id, None)
-        flat = [i for _, t in held for i in _flat(t.indices)]
-
-        def error(outcome: str) -> BaseException:
-            return diagnosis.worker_died(
-                worker_id=worker_id, pid=died.pid, exitcode=died.exitcode,
-                sample_indices=flat, batches_held=len(held),
-                start_method=self._start_info.method, evidence=evidence, sample=sample,
-                outcome=outcome,
-            )
-
-        if retired_uss is not None and died.exitcode == 0:
-            cause = (
-                f"used {_system.gib(retired_uss)} (above max_worker_memory="
-                f"{_system.gib(self._opts.max_worker_memory_bytes)})"
-            )
-            self._replace(worker_id, died, held, cause, None, budget=False)
-            return
-        if self._dataset_kind == ITERABLE and not self._config.stateful_stream:
-            raise error(
-                "steadyload did not restart it: an IterableDataset's stream cannot be "
-                "replayed, so the batches it held would be lost. A dataset with "
-                "state_dict()/load_state_dict() is resumed where its last batch ended."
-            )
-        if hung is not None:
-            task_id, stack = hung
-            self._hangs[task_id] += 1
-            if self._hangs[task_id] >= 2 or self._epoch.restarts >= self._opts.max_restarts:
-                task = self._epoch.tasks.get(task_id)
-                raise diagnosis.worker_hung(
-                    worker_id=worker_id, pid=died.pid, hang_timeout_s=self._opts.hang_timeout,
-                    sample=sample, sample_indices=_flat(task.indices) if task else [],
-                    stack=stack, times=self._hangs[task_id],
-                )
-            cause = f"hung for more than hang_timeout={self._opts.hang_timeout} s"
-            self._replace(worker_id, died, held, cause, sample, budget=True)
-            return
-        if self._epoch.restarts >= self._opts.max_restarts:
-            raise error(
-                f"steadyload did not restart it: max_restarts={self._opts.max_restarts} "
-                "restarts were already used in this epoch."
-            )
-        key = sample if sample is not None else ("batch", blamed_task)
-        if sample is not None or blamed_task is not None:
-            self._kills[key] += 1
-        if self._kills.get(key, 0) >= 2:
-            what = (
-                f"sample {sample!r}" if sample is not None
-                else f"the batch of samples {diagnosis.format_indices(flat)}"
-            )
-            if self._opts.on_error == "raise":
-                raise error(
-                    f"steadyload did not retry it: {what} killed a worker twice. Pass "
-                    "on_error='skip' to leave it out and go on."
-                )
-            self._skip_killer(blamed_task, sample, died)
-        name = diagnosis.signal_name(died.exitcode)
-        cause = f"killed by {name}" if name else f"exited with status {died.exitcode}"
-        self._replace(worker_id, died, held, cause, sample, budget=True, log=error(""))
-
-    def _skip_killer(self, task_id: int | None, sample: Any, died: Died) -> None:
-        task = self._epoch.tasks.get(task_id) if task_id is not None else None
-        if task is None:
-            return
-        name = diagnosis.signal_name(died.exitcode) or f"exit status {died.exitcode}"
-        reason = f"killed the worker twice ({name})"
-        if sample is not None and isinstance(task.indices, list) and len(task.indices) > 1:
-            task.indices = [i for i in task.indices if i != sample]
-            skipped = [sample]
-        else:
-            skipped = _flat(task.indices)
-            task.outcome, task.has_outcome = _EMPTY, True
-            self._epoch.outstanding -= 1
-            self._note_arrival(task_id)  # type: ignore[arg-type]  # not None here
-        for index in skipped:
-            _LOG.warning("skipped sample %r: it %s", index, reason)
-            self.record.skipped.append(SkippedSample(index, "WorkerDied", reason))
-
-    def _replace(
-        self, worker_id: int, died: Died, held: list[tuple[int, _Task]], cause: str,
-        sample: Any, *, budget: bool, log: BaseException | None = None,
-    ) -> None:
-        assert self._supervisor is not None
-        if budget:
-            self._epoch.restarts += 1
-        rerun = [(tid, t) for tid, t in held if not t.has_outcome]
-        _LOG.info(
-            "%s\nsteadyload started a replacement worker %d%s; the %d batch%s it held %s "
-            "re-run in order.",
-            log if log is not None else f"worker {worker_id} (pid {died.pid}) {cause}.",
-            worker_id,
-            f" (restart {self._epoch.restarts} of {self._opts.max_restarts} this epoch)"
-            if budget else "",
-            len(rerun), "" if len(rerun) == 1 else "es", "is" if len(rerun) == 1 else "are",
-        )
-        self.record.restarts.append(RestartReport(worker_id, died.pid, cause, sample, len(rerun)))
-        self._supervisor.respawn(worker_id)
-        if worker_id in self._stream_state:
-            self._supervisor.send_restore(worker_id, self._stream_state[worker_id])
-        for tid, task in rerun:
-            self._supervisor.send_task(worker_id, tid, task.indices, self._sl_epoch)
-
-    # -- errors ------------------------------------------------------------------------------
