@@ -149,12 +149,29 @@ def _cause_and_fix(exitcode: int | None, start_method: str, ev: Evidence) -> tup
             "OpenCV call cv2.setNumThreads(0) in worker_init_fn; keep the forkserver start "
             "method (steadyload's default) rather than fork."
         )
+        if start_method == "zygote":
+            # Zygote workers are forks of a copy of the training process, like fork's.
+            fix = fix.replace(
+                "rather than fork.",
+                "rather than zygote: zygote workers are forked from a copy of this process, "
+                "so a library that is not fork-safe can crash them as under fork.",
+            )
         return cause, fix
     if name is not None:
         return f"the worker received {name}.", "find out which process sent it."
     if exitcode == 255 and start_method == "forkserver":
         cause = "exit code 255 under forkserver usually means the fork server itself died."
         return cause, "check the fork server's stderr above; re-create the loader."
+    if exitcode == 255 and start_method == "zygote":
+        cause = (
+            "exit code 255 under zygote usually means the zygote (the fork server forked "
+            "from this process) itself died."
+        )
+        return cause, (
+            "check the zygote's stderr above; the next worker start forks a new zygote "
+            "(refused if this process holds a GPU context by then: use "
+            "start_method='forkserver')."
+        )
     cause = (
         f"the worker's Python process exited with status {exitcode} without reporting "
         "an error: dataset code called sys.exit() or os._exit(), or the worker failed "

@@ -36,8 +36,9 @@ class LoaderOptions:
     """steadyload-only settings of one loader (torch's arguments stay on the loader)."""
 
     start_method: str = "auto"
-    """How workers start: "auto" (forkserver on Linux, else spawn), "forkserver", "spawn"
-    or "fork". torch's ``multiprocessing_context``, when given, takes precedence."""
+    """How workers start: "auto" (forkserver on Linux, else spawn), "forkserver", "spawn",
+    "fork" or "zygote" (opt-in, Linux). torch's ``multiprocessing_context``, when given,
+    takes precedence."""
     max_restarts: int = 3
     """Dead or hung workers replaced per epoch before giving up (see DataLoader)."""
     on_error: str = "raise"
@@ -92,8 +93,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     Args (steadyload-only, keyword-only):
         start_method: "auto" (default: forkserver on Linux, spawn elsewhere), "forkserver",
-            "spawn" or "fork". fork is refused while a CUDA/ROCm context exists, because
-            forked workers then deadlock. An explicit ``multiprocessing_context`` wins.
+            "spawn", "fork" or "zygote". fork is refused while a CUDA/ROCm context exists,
+            because forked workers then deadlock. "zygote" (Linux, opt-in) forks a fork
+            server from this process once, when the first such loader is built, and
+            forks every worker from it: workers share this process's memory (torch
+            included: ~140 MiB less than forkserver's server) and later GPU use here is
+            safe, but it is refused if a CUDA/ROCm context exists at that moment, and the
+            zygote keeps this process's memory as it was then. Build that first loader
+            (or call ``steadyload.prestart(start_method="zygote")``) right after importing
+            torch, before using the GPU or loading large things; see
+            docs/design/zygote.md. An explicit ``multiprocessing_context`` wins.
         max_restarts: how many dead or hung workers are replaced per epoch (default 3).
             The replacement has the same worker id and seed and re-runs every batch the
             dead worker held, so no sample is lost or repeated and the order stays. Three
@@ -123,6 +132,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     Raises:
         ValueError: for the argument combinations torch rejects, with torch's messages.
+        UnsafeForkError: ``start_method="zygote"`` must fork the zygote now, and this
+            process holds a CUDA/ROCm context.
     """
 
     def __init__(

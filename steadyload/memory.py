@@ -1,8 +1,8 @@
 """Memory advice: spot the Python containers that every worker would copy.
 
 A dataset that holds its metadata in a large Python list or dict pays for it once per
-worker: pickled into each forkserver/spawn worker, or, under fork, copied page by page as
-the workers touch the objects' reference counts (copy-on-read, pytorch issue 13246).
+worker: pickled into each forkserver/spawn/zygote worker, or, under fork, copied page by
+page as the workers touch the objects' reference counts (copy-on-read, pytorch issue 13246).
 `check_copy_on_read` scans the dataset's attributes (and theirs, one level down), estimates
 the size of large containers from a sample of their items, and warns once, with the fix.
 """
@@ -86,6 +86,14 @@ def check_copy_on_read(dataset: Any, num_workers: int, method: str) -> None:
             cost = (
                 f"under {method} each of the {num_workers} workers gets a pickled copy: "
                 f"{gib(nbytes * num_workers)} in total"
+            )
+        if method == "zygote":
+            # The zygote was forked at the first zygote loader's construction, so usually
+            # with the dataset already built: its pages stay in the zygote, shared only
+            # until this process's reference counts and collections touch the objects.
+            cost += (
+                f", plus up to {gib(nbytes)} kept by the zygote, which holds this process's "
+                "memory as it was when the zygote was forked"
             )
         shared = "SharedDict" if isinstance(value, dict) else "SharedList"
         warnings.warn(

@@ -4,7 +4,9 @@ The start method is always local to a loader (a context object), never set globa
 `multiprocessing.set_start_method`. The fork server, though, is a process-wide singleton
 (`multiprocessing.forkserver._forkserver`) shared with every forkserver user in this
 process: its preload list is merged with what is already there, set once before the server
-starts, and what was asked for is recorded for error reports and `doctor`.
+starts, and what was asked for is recorded for error reports and `doctor`. The opt-in
+"zygote" method (a fork server forked from this process, `_zygote.py`) is guarded here:
+refused when a GPU context exists at the fork, warned about when threads run.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from dataclasses import dataclass
 from multiprocessing import forkserver
 from typing import Literal
 
+from . import _zygote
 from .errors import MainGuardError, UnsafeForkError
 from .pickling import main_is_importable
 
 _LOG = logging.getLogger(__name__)
 
-StartMethod = Literal["auto", "fork", "spawn", "forkserver"]
-START_METHODS: tuple[str, ...] = ("auto", "fork", "spawn", "forkserver")
+StartMethod = Literal["auto", "fork", "spawn", "forkserver", "zygote"]
+START_METHODS: tuple[str, ...] = ("auto", "fork", "spawn", "forkserver", "zygote")
 
 # Imported by every worker: preloading it in the fork server makes a worker start a fork.
 _ALWAYS_PRELOAD = ("torch", "steadyload.engine.worker")
@@ -55,7 +58,7 @@ class StartInfo:
     """What `resolve_context` decided, kept for reports and error messages."""
 
     method: str
-    """The start method the workers use: "fork", "spawn" or "forkserver"."""
+    """The start method the workers use: "fork", "spawn", "forkserver" or "zygote"."""
     preload: tuple[str, ...]
     """Modules the fork server was asked to import by steadyload (empty: none, or the
     server was started by someone else)."""
@@ -138,7 +141,7 @@ def _ensure_forkserver(extra_modules: tuple[str, ...]) -> tuple[str, ...]:
         return _started_by_us.get(pid, ())
 
 
-def prestart(preload: Iterable[str] = ("torch",)) -> None:
+def prestart(preload: Iterable[str] = ("torch",), *, start_method: str = "forkserver") -> None:
     """Start the fork server now, importing ``preload`` in it, in the background.
 
     Call it first thing in a training script (before its heavy imports and the model), so
@@ -147,17 +150,58 @@ def prestart(preload: Iterable[str] = ("torch",)) -> None:
     server. Does nothing inside a worker, under a platform without forkserver, or if the
     fork server already runs. Returns at once.
 
+    With ``start_method="zygote"`` (for loaders built with that option), ``preload`` is
+    imported *here* first, then the zygote is forked from this process: it and its workers
+    share those modules' memory with this process. Call it after the imports and before
+    the GPU is used or large data is loaded (docs/design/zygote.md). Blocks for the imports.
+
     Args:
         preload: modules to import in the fork server, e.g. ``["torch", "transformers"]``;
             local modules are imported too when listed here (they run in the server).
+        start_method: "forkserver" (default) or "zygote".
+
+    Raises:
+        ValueError: another ``start_method``, or "zygote" on a platform without it.
+        UnsafeForkError: "zygote" while this process holds a CUDA/ROCm context.
     """
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return
+    if start_method not in ("forkserver", "zygote"):
+        raise ValueError(
+            f"prestart's start_method must be 'forkserver' or 'zygote', got {start_method!r}"
+        )
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         return  # a worker importing the main script: never start servers from there
     if multiprocessing.parent_process() is not None:
         return
+    if start_method == "zygote":
+        for name in preload:
+            importlib.import_module(name)
+        _ensure_zygote(stacklevel=4)
+        return
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return
     _ensure_forkserver(tuple(preload))
+
+
+def _ensure_zygote(stacklevel: int) -> None:
+    """Fork the zygote unless it runs: refused with a GPU context, warned about with threads.
+
+    ``stacklevel``: the warning's, as seen from `_warn_threads` (the user's frame).
+    """
+    reason = _zygote.unsupported_reason()
+    if reason is not None:
+        raise ValueError(
+            f"start_method='zygote' is not available here: {reason}. Fix: use "
+            "start_method='forkserver' (the default)."
+        )
+    if _zygote.pid() is None:
+        check_zygote_safe()
+        _warn_threads("zygote", stacklevel)
+    _zygote.ensure(check_zygote_safe)
+
+
+def _zygote_pid() -> int | None:
+    """The zygote's pid, if one was forked (tests treat it as a helper, like the fork server)."""
+    return _zygote.pid()
 
 
 def resolve_context(
@@ -168,9 +212,16 @@ def resolve_context(
     """Pick the context the workers start with, and warm the fork server when it is used.
 
     An explicit ``multiprocessing_context`` (torch's argument) wins over ``start_method``.
+
+    Raises:
+        UnsafeForkError: "zygote" must fork it now, and a CUDA/ROCm context exists here.
     """
     if multiprocessing_context is not None:
         ctx = multiprocessing_context
+    elif start_method == "zygote":
+        # Forked once per process, at the first loader's construction (GPU-free or refused).
+        _ensure_zygote(stacklevel=6)
+        ctx = _zygote.CONTEXT
     else:
         method = default_method() if start_method == "auto" else start_method
         ctx = multiprocessing.get_context(method)
@@ -218,28 +269,65 @@ def check_fork_safe(method: str) -> None:
     )
 
 
-_warned_threads: set[tuple[str, ...]] = set()
+def check_zygote_safe() -> None:
+    """Refuse to fork the zygote while a GPU context exists: it and its workers would hang.
+
+    Raises:
+        UnsafeForkError: CUDA or ROCm/HIP is initialised in this process (torch only).
+    """
+    if "torch" not in sys.modules:
+        return  # no torch yet, so no torch GPU context; nothing to import for it
+    context = gpu_context_description()
+    if context is None:
+        return
+    raise UnsafeForkError(
+        f"refusing to fork the zygote for start_method='zygote': this process already "
+        f"holds {context}.\n"
+        "Why: the zygote is a fork() of this process and every worker is forked from it; "
+        "forked copies of the GPU driver's state deadlock (often with the GPU busy at "
+        "100%) instead of failing. Once the zygote exists, using the GPU here is safe.\n"
+        "Fix: build the first zygote loader, or call "
+        "steadyload.prestart(start_method='zygote'), right after importing torch and "
+        "before anything touches the GPU (model.cuda(), torch.cuda.*); or use "
+        "start_method='forkserver' (the default), which is safe at any time."
+    )
+
+
+_warned_threads: set[tuple[str, tuple[str, ...]]] = set()
 
 
 def warn_if_threads_before_fork(method: str) -> None:
     """Warn (once per set of threads) that fork copies only the calling thread."""
-    if method != "fork":
-        return
+    if method == "fork":
+        _warn_threads("fork", stacklevel=4)
+
+
+def _warn_threads(method: str, stacklevel: int) -> None:
     others = tuple(
         sorted(t.name for t in threading.enumerate() if t is not threading.current_thread())
     )
-    if not others or others in _warned_threads:
+    if not others or (method, others) in _warned_threads:
         return
-    _warned_threads.add(others)
-    warnings.warn(
-        f"steadyload: forking DataLoader workers while {len(others)} other thread(s) run "
-        f"in this process: {', '.join(others)}. fork copies only the calling thread; a lock "
-        "held by another thread at that moment (logging, a tokenizer's thread pool, an "
-        "I/O library) stays locked forever in the worker, which then hangs. Fix: use "
-        "start_method='forkserver' (the default) or 'spawn'.",
-        RuntimeWarning,
-        stacklevel=3,
+    _warned_threads.add((method, others))
+    hazard = (
+        "fork copies only the calling thread; a lock held by another thread at that moment "
+        "(logging, a tokenizer's thread pool, an I/O library) stays locked forever in "
     )
+    if method == "fork":
+        text = (
+            f"steadyload: forking DataLoader workers while {len(others)} other thread(s) "
+            f"run in this process: {', '.join(others)}. {hazard}the worker, which then "
+            "hangs. Fix: use start_method='forkserver' (the default) or 'spawn'."
+        )
+    else:
+        text = (
+            f"steadyload: forking the zygote (start_method='zygote') while {len(others)} "
+            f"other thread(s) run in this process: {', '.join(others)}. {hazard}the "
+            "zygote and in every worker forked from it, which then hang. Fix: build the "
+            "first zygote loader, or call steadyload.prestart(start_method='zygote'), "
+            "before starting threads; or use start_method='forkserver' (the default)."
+        )
+    warnings.warn(text, RuntimeWarning, stacklevel=stacklevel)
 
 
 @functools.lru_cache(maxsize=32)
@@ -296,12 +384,12 @@ def unguarded_main_site() -> tuple[str, int] | None:
 
 
 def check_main_guard(method: str) -> None:
-    """Refuse to start forkserver/spawn workers from unguarded top-level script code.
+    """Refuse to start forkserver/spawn/zygote workers from unguarded top-level script code.
 
     Raises:
         MainGuardError: with the file and line, and the fix.
     """
-    if method not in ("forkserver", "spawn"):
+    if method not in ("forkserver", "spawn", "zygote"):
         return
     bootstrapping = getattr(multiprocessing.current_process(), "_inheriting", False)
     site = unguarded_main_site()

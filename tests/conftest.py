@@ -25,10 +25,14 @@ def wait_until(
 
 
 def _helpers() -> set[int]:
-    """Long-lived helper processes that are not leaks: the fork server, the resource tracker."""
+    """Long-lived helper processes that are not leaks: the fork server, the resource tracker
+    and steadyload's zygote (start_method="zygote")."""
     from multiprocessing import forkserver, resource_tracker
 
-    pids = {forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid}
+    import steadyload.start as start
+
+    pids = {forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid,
+            start._zygote_pid()}
     return {p for p in pids if p}
 
 
