@@ -75,7 +75,7 @@ class LoaderReport:
     """What `DataLoader.report()` returns: how the workers started and ran.
 
     Attributes:
-        start_method: "fork", "forkserver", "spawn", or "in-process" (num_workers=0).
+        start_method: "fork", "forkserver", "spawn", "zygote", or "in-process" (num_workers=0).
         preload_requested: modules steadyload asked the fork server to import.
         preload_missing: those the fork server did not import (CPython skips a failing
             preload silently); None when unknown (the server was started by someone else).

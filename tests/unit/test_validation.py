@@ -52,5 +52,5 @@ def test_attributes_are_frozen_like_torch() -> None:
 
 
 def test_unknown_start_method() -> None:
-    with pytest.raises(ValueError, match=r"start_method must be one of 'auto', 'fork', 'spawn', 'forkserver', got 'thread'"):
+    with pytest.raises(ValueError, match=r"start_method must be one of 'auto', 'fork', 'spawn', 'forkserver', 'zygote', got 'thread'"):
         sl.DataLoader(MapDS(4), num_workers=1, start_method="thread")
