@@ -5,8 +5,10 @@ about 140 MiB) until it writes to them. A full collection in the worker writes t
 header of every tracked object it traverses, and so un-shares the pages holding them:
 measured, a single ``gc.collect()`` in an idle worker took its USS from 10 to 45 MiB.
 ``gc.freeze()`` moves the server's objects to the permanent generation, which collections
-skip (the CPython docs recommend it before fork). The server collects first, so that no
-garbage is frozen with them. Workers freeze again once started (engine/worker.py).
+skip (the CPython docs recommend it before fork). No ``gc.collect()`` first: after torch's
+import it takes ~75 ms, on the path to every fresh process's first batch, to free the
+little garbage that the import leaves (it stays frozen, shared by the workers). Workers
+freeze again once started (engine/worker.py).
 """
 
 from __future__ import annotations
@@ -16,5 +18,4 @@ import gc
 from ._preload_probe import IN_FORK_SERVER
 
 if IN_FORK_SERVER:
-    gc.collect()
     gc.freeze()
