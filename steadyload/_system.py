@@ -40,6 +40,31 @@ def _cgroup_dir(pid: int | str = "self", root: Path = CGROUP_ROOT) -> Path | Non
     return None
 
 
+def cpu_quota() -> float | None:
+    """The cgroup CPU quota in CPUs (v2 cpu.max, v1 cfs_quota/period); None if unlimited."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        try:
+            if hierarchy == "0":
+                quota, period = Path(f"/sys/fs/cgroup{path}/cpu.max").read_text().split()[:2]
+            elif "cpu" in controllers.split(","):
+                base = Path(f"/sys/fs/cgroup/{controllers}{path}")
+                quota = (base / "cpu.cfs_quota_us").read_text().strip()
+                period = (base / "cpu.cfs_period_us").read_text().strip()
+            else:
+                continue
+        except (OSError, ValueError):
+            continue
+        if quota.isdigit() and int(quota) > 0 and period.isdigit() and int(period) > 0:
+            return int(quota) / int(period)  # "max" and "-1" mean unlimited
+    return None
+
+
 def cgroup_memory(root: Path = CGROUP_ROOT) -> CgroupMemory:
     """The memory limit and OOM-kill count of this process's cgroup (v2, else v1)."""
     directory = _cgroup_dir(root=root)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._system import _cgroup_dir, available_memory_bytes, gib
+from ._system import available_memory_bytes, cpu_quota, gib
 
 _LOG = logging.getLogger(__name__)
 
@@ -41,14 +41,9 @@ def usable_cpus() -> int:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         cpus = os.cpu_count() or 1
-    directory = _cgroup_dir()
-    if directory is not None:
-        try:  # cgroup v2 "cpu.max": "<quota> <period>" or "max <period>"
-            quota, period = (directory / "cpu.max").read_text().split()
-            if quota != "max":
-                cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
-        except (OSError, ValueError):
-            pass
+    quota = cpu_quota()
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota)))
     return max(1, cpus)
 
 

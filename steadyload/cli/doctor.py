@@ -24,7 +24,6 @@ import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from . import _doctor_checks as checks
@@ -130,31 +129,6 @@ def _kfd_archs() -> list[str]:
         if v:  # 0: a CPU node
             archs.append(f"gfx{v // 10000}{(v // 100) % 100:x}{v % 100:x}")
     return archs
-
-
-def _cpu_quota() -> float | None:
-    """The cgroup CPU quota in CPUs (v2 cpu.max, v1 cfs_quota/period); None if unlimited."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        try:
-            if hierarchy == "0":
-                quota, period = Path(f"/sys/fs/cgroup{path}/cpu.max").read_text().split()[:2]
-            elif "cpu" in controllers.split(","):
-                base = Path(f"/sys/fs/cgroup/{controllers}{path}")
-                quota = (base / "cpu.cfs_quota_us").read_text().strip()
-                period = (base / "cpu.cfs_period_us").read_text().strip()
-            else:
-                continue
-        except (OSError, ValueError):
-            continue
-        if quota.isdigit() and int(quota) > 0 and period.isdigit() and int(period) > 0:
-            return int(quota) / int(period)  # "max" and "-1" mean unlimited
-    return None
 
 
 # torch: /torch_<pid>_<random>_<counter> (at::NewProcessWideShmHandle, file_system strategy);
@@ -300,7 +274,7 @@ def collect(module: str | None = None, *, clean: bool = False, shm_dir: str = "/
     if "cpus" in want:
         affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
-        out.append(checks.check_cpus(os.cpu_count(), affinity, _cpu_quota()))
+        out.append(checks.check_cpus(os.cpu_count(), affinity, _system.cpu_quota()))
     if "memory" in want:
         out.append(checks.check_memory(_system.cgroup_memory(), _system.available_memory_bytes(),
                                        _system.total_memory_bytes()))
