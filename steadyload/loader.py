@@ -8,7 +8,6 @@ keyword-only, after torch's, and are collected in `LoaderOptions`.
 
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing
 import multiprocessing.context
 import weakref
@@ -228,6 +227,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             iterator = _WorkerIter(self)
         self._last_run = iterator.record
         iterator.record.periodic = self._report_every
+        iterator.record.num_workers_choice = self._auto.reason if self._auto else None
         return iterator
 
     def _set_current_iter(self, iterator: Any) -> None:
@@ -268,14 +268,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         state.load(self, state_dict)
 
     def report(self) -> LoaderReport:
-        """How the latest run's workers started: start method, fork-server preloads (and
-        which of them failed to import), each worker's pid and start time.
+        """What the latest run did: how its workers started (start method, preloads), each
+        worker's samples, speed, busy share and memory, restarts, skipped samples, and the
+        data-stall share (see `LoaderReport`).
 
         Cheap; safe to call at any time, also while iterating or after the run.
         """
         choice = self._auto.reason if self._auto is not None else None
         if self._last_run is not None:
-            return dataclasses.replace(self._last_run.to_report(), num_workers_choice=choice)
+            return self._last_run.to_report()
         info = self._start[1] if self._start is not None else None
         return LoaderReport(
             start_method=info.method if info else "in-process",

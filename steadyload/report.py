@@ -163,6 +163,7 @@ class RunRecord:
         self.start_method = start_method
         self.preload = preload
         self.preload_missing: tuple[str, ...] | None = None
+        self.num_workers_choice: str | None = None  # num_workers="auto": what and why
         self.workers: dict[int, WorkerReport] = {}
         self.restarts: list[RestartReport] = []
         self.skipped: list[SkippedSample] = []
@@ -221,6 +222,7 @@ class RunRecord:
             workers=tuple(workers),
             restarts=tuple(self.restarts),
             skipped=tuple(self.skipped),
+            num_workers_choice=self.num_workers_choice,
             batches=self.batches,
             wait_s=self.wait_s,
             loop_s=loop_s,

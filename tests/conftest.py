@@ -24,6 +24,17 @@ def wait_until(
         time.sleep(interval_s)
 
 
+def processes_gone(pids: list[int]) -> bool:
+    """Whether every process in ``pids`` has exited (a zombie counts as exited)."""
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
 def _helpers() -> set[int]:
     """Long-lived helper processes that are not leaks: the fork server, the resource tracker
     and steadyload's zygote (start_method="zygote")."""

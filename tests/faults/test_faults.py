@@ -12,12 +12,11 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 import steadyload as sl
-from tests.conftest import wait_until
+from tests.conftest import processes_gone, wait_until
 from tests.datasets import (
     BadUnpickle,
     FailAt,
@@ -187,16 +186,6 @@ def _run_scenario(mode: str) -> tuple[subprocess.Popen[str], list[int]]:
     return proc, [int(p) for p in line.split()]
 
 
-def _gone(pids: list[int]) -> bool:
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            pass
-    return True
-
-
 def _reap(proc: subprocess.Popen[str]) -> None:
     proc.kill()
     if proc.stdout:
@@ -209,7 +198,7 @@ def test_workers_exit_when_the_parent_is_sigkilled() -> None:
     try:
         proc.kill()
         proc.wait(timeout=10)
-        wait_until(lambda: _gone(pids), 5.0, what=f"workers {pids} to exit after the parent's SIGKILL")
+        wait_until(lambda: processes_gone(pids), 5.0, what=f"workers {pids} to exit after the parent's SIGKILL")
     finally:
         _reap(proc)
 
@@ -218,7 +207,7 @@ def test_workers_exit_when_the_script_ends_with_an_error() -> None:
     proc, pids = _run_scenario("raise")
     try:
         assert proc.wait(timeout=20) == 1, "the script should end with SystemExit('boom')"
-        wait_until(lambda: _gone(pids), 5.0, what=f"workers {pids} to exit with the script")
+        wait_until(lambda: processes_gone(pids), 5.0, what=f"workers {pids} to exit with the script")
     finally:
         _reap(proc)
 

@@ -18,7 +18,7 @@ import torch
 import steadyload as sl
 from steadyload import start
 from tests.compare import assert_same_batches
-from tests.conftest import wait_until
+from tests.conftest import processes_gone, wait_until
 from tests.datasets import FaultOnce, MapDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,17 +165,7 @@ def test_zygote_exits_when_its_parent_is_sigkilled(tmp_path: Path) -> None:
         pids = [int(p) for p in line.split()]
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-
-        def gone() -> bool:
-            for pid in pids:
-                try:
-                    if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                        return False
-                except psutil.NoSuchProcess:
-                    pass
-            return True
-
-        wait_until(gone, 10.0, what=f"the zygote and its workers {pids} to exit after the parent's SIGKILL")
+        wait_until(lambda: processes_gone(pids), 10.0, what=f"the zygote and its workers {pids} to exit after the parent's SIGKILL")
     finally:
         proc.kill()
         proc.stdout.close() if proc.stdout else None
