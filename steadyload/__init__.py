@@ -22,21 +22,21 @@ if TYPE_CHECKING:
     from .errors import WorkerHangError as WorkerHangError
     from .errors import WorkerStartError as WorkerStartError
     from .loader import DataLoader as DataLoader
+    from .loader import report_every as report_every
+    from .memory.shared_list import SharedDict as SharedDict
+    from .memory.shared_list import SharedList as SharedList
     from .per_worker import per_worker as per_worker
     from .report import LoaderReport as LoaderReport
     from .report import WorkerReport as WorkerReport
-    from .report import report_every as report_every
-    from .shared_list import SharedDict as SharedDict
-    from .shared_list import SharedList as SharedList
-    from .start import prestart as prestart
+    from .start.context import prestart as prestart
 
 _EXPORTS = {
     "DataLoader": ".loader",
     "LoaderReport": ".report",
     "MainGuardError": ".errors",
     "NotPicklableError": ".errors",
-    "SharedDict": ".shared_list",
-    "SharedList": ".shared_list",
+    "SharedDict": ".memory.shared_list",
+    "SharedList": ".memory.shared_list",
     "SkipLimitError": ".errors",
     "SteadyloadError": ".errors",
     "UnsafeForkError": ".errors",
@@ -45,8 +45,8 @@ _EXPORTS = {
     "WorkerReport": ".report",
     "WorkerStartError": ".errors",
     "per_worker": ".per_worker",
-    "prestart": ".start",
-    "report_every": ".report",
+    "prestart": ".start.context",
+    "report_every": ".loader",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -12,8 +12,8 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._system import Space, gib
-from .errors import WorkerDiedError, WorkerHangError
+from ._system import Space, fd_limits, gib
+from .errors import WorkerDiedError, WorkerHangError, WorkerStartError
 
 _MAX_INDICES_SHOWN = 16
 
@@ -289,4 +289,35 @@ def worker_hung(
     return WorkerHangError(
         message, timeout_s=hang_timeout_s or 0.0, worker_id=worker_id,
         sample_indices=sample_indices,
+    )
+
+
+def start_failed(
+    *, worker_id: int, pid: int | None, method: str, type_name: str, text: str, traceback: str
+) -> WorkerStartError:
+    """The error for a worker whose arguments did not unpickle."""
+    return WorkerStartError(
+        f"DataLoader worker {worker_id} (pid {pid}) could not start: "
+        f"{type_name}: {text}\n"
+        "Likely cause: the dataset, collate_fn or worker_init_fn could not be unpickled "
+        f"in a {method} worker, which imports them by module and name.\n"
+        "Fix: define them at module level in an importable module (not in a notebook "
+        "or inside a function), or use start_method='fork' when no GPU is in use.\n"
+        f"Worker traceback:\n{traceback}",
+        worker_id=worker_id,
+        pid=pid,
+    )
+
+
+def too_many_files_note() -> str:
+    """What to say about "Too many open files" (EMFILE) raised in a worker."""
+    import torch.multiprocessing as tmp
+
+    soft, hard = fd_limits()
+    return (
+        f"steadyload: 'Too many open files': this process may have {soft} open files "
+        f"(ulimit -n; the hard limit is {hard}); torch's sharing strategy is "
+        f"{tmp.get_sharing_strategy()!r}. Fix: raise the limit (ulimit -n {hard}), close "
+        "files in __getitem__ (use `with open(...)`), or keep fewer batches alive; torch's "
+        "'file_system' sharing strategy uses no descriptor per shared tensor."
     )

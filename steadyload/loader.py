@@ -2,74 +2,30 @@
 
 The class subclasses `torch.utils.data.DataLoader`, so argument checking, samplers,
 ``len()``, the persistent-iterator logic and ``isinstance`` checks in training frameworks
-are torch's own; only the iterators differ (`_iterators.py`). steadyload's own options are
-keyword-only, after torch's, and are collected in `LoaderOptions`.
+are torch's own; only the iterators differ (`iterators/`). steadyload's own options are
+keyword-only, after torch's, and are collected in `LoaderOptions` (`options.py`).
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import multiprocessing.context
-import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch.utils.data
 
-from . import start, state
-from ._iterators import _InProcessIter
 from ._system import parse_bytes
-from ._worker_iter import _WorkerIter
+from .checkpoint import Checkpoints
+from .iterators.in_process import InProcessIterator
+from .iterators.workers import WorkerIterator
+from .options import LoaderOptions
 from .report import LoaderReport, RunRecord
+from .start.context import StartInfo, resolve_context
 from .tuning import AutoChoice, resolve_num_workers
 
 _T_co = TypeVar("_T_co", covariant=True)
-
-
-ON_ERROR = ("raise", "skip")
-
-
-@dataclass(frozen=True, slots=True)
-class LoaderOptions:
-    """steadyload-only settings of one loader (torch's arguments stay on the loader)."""
-
-    start_method: str = "auto"
-    """How workers start: "auto" (forkserver on Linux, else spawn), "forkserver", "spawn",
-    "fork" or "zygote" (opt-in, Linux). torch's ``multiprocessing_context``, when given,
-    takes precedence."""
-    max_restarts: int = 3
-    """Dead or hung workers replaced per epoch before giving up (see DataLoader)."""
-    on_error: str = "raise"
-    """"raise": a dataset exception reaches the caller; "skip": the sample is left out."""
-    hang_timeout: float | None = None
-    """Seconds a task may run before the worker's stack is dumped and it is replaced."""
-    max_worker_memory_bytes: int | None = None
-    """USS above which a worker is replaced between tasks. [Unit: byte]"""
-    sample_seeds: bool = False
-    """Seed the RNGs before each sample from (base seed, epoch, index)."""
-
-    def __post_init__(self) -> None:
-        if self.start_method not in start.START_METHODS:
-            raise ValueError(
-                f"start_method must be one of {', '.join(map(repr, start.START_METHODS))}, "
-                f"got {self.start_method!r}"
-            )
-        if (
-            not isinstance(self.max_restarts, int) or isinstance(self.max_restarts, bool)
-            or self.max_restarts < 0
-        ):
-            raise ValueError(f"max_restarts must be an int >= 0, got {self.max_restarts!r}")
-        if self.on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
-        if self.hang_timeout is not None and (
-            isinstance(self.hang_timeout, bool)
-            or not isinstance(self.hang_timeout, (int, float))
-            or not self.hang_timeout > 0
-        ):
-            raise ValueError(
-                f"hang_timeout must be > 0 seconds or None, got {self.hang_timeout!r}"
-            )
 
 
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
@@ -196,13 +152,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             in_order=in_order,
         )
         self._options = options
-        self._start: tuple[multiprocessing.context.BaseContext, start.StartInfo] | None = None
+        self._start: tuple[multiprocessing.context.BaseContext, StartInfo] | None = None
         self._last_run: RunRecord | None = None
-        # Checkpoint/resume (state.py): epoch number, what decided its order, loaded state.
-        self._epoch = -1
-        self._epoch_start: state.EpochStart | None = None
-        self._resume: state.Resume | None = None
-        self._current: weakref.ref[Any] | None = None
+        self._checkpoints = Checkpoints()  # epoch number and resume state (checkpoint.py)
         self._report_every: tuple[float, Callable[[LoaderReport], None]] | None = None
         if num_workers > 0 and not getattr(multiprocessing.current_process(), "_inheriting", False):
             # Start the fork server now, so that its imports overlap with the caller's
@@ -210,31 +162,27 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             # importing the main script: a loader built at top level is harmless there.
             self._start_context()
 
-    def _start_context(self) -> tuple[multiprocessing.context.BaseContext, start.StartInfo]:
+    def _start_context(self) -> tuple[multiprocessing.context.BaseContext, StartInfo]:
         """The workers' context and how it was chosen (decided once per loader)."""
         explicit = self.multiprocessing_context
         if self._start is None or (explicit is not None and self._start[0] is not explicit):
             module = type(self.dataset).__module__
-            self._start = start.resolve_context(self._options.start_method, explicit, module)
+            self._start = resolve_context(self._options.start_method, explicit, module)
         return self._start
 
     def _get_iterator(self) -> Any:
-        iterator: _InProcessIter | _WorkerIter
+        iterator: InProcessIterator | WorkerIterator
         if self.num_workers == 0:
-            iterator = _InProcessIter(self)
+            iterator = InProcessIterator(self, self._options, self._checkpoints)
         else:
             self.check_worker_number_rationality()
-            iterator = _WorkerIter(self)
+            iterator = WorkerIterator(
+                self, self._options, self._start_context(), self._checkpoints
+            )
         self._last_run = iterator.record
         iterator.record.periodic = self._report_every
         iterator.record.num_workers_choice = self._auto.reason if self._auto else None
         return iterator
-
-    def _set_current_iter(self, iterator: Any) -> None:
-        self._current = weakref.ref(iterator)
-
-    def _current_iter(self) -> Any:
-        return self._current() if self._current is not None else None
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position, to save with the model (torchdata's Stateful protocol).
@@ -255,7 +203,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             ValueError: the sampler is not one of torch's and has no ``state_dict``, or an
                 IterableDataset without ``state_dict`` is mid-epoch.
         """
-        return state.save(self)
+        return self._checkpoints.save(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from `state_dict`'s result: the next ``iter(loader)`` continues that epoch.
@@ -265,7 +213,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 differently (dataset length, batch size, drop_last; for an IterableDataset
                 saved mid-epoch, ``num_workers``), with what to do.
         """
-        state.load(self, state_dict)
+        self._checkpoints.load(self, state_dict)
+        live = self._iterator  # torch keeps it only for persistent workers
+        if isinstance(live, WorkerIterator):
+            # Persistent workers were configured with the old base seed: start afresh.
+            live._shutdown_workers()
+            self._iterator = None
 
     def report(self) -> LoaderReport:
         """What the latest run did: how its workers started (start method, preloads), each
@@ -287,7 +240,38 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         )
 
 
+_REPORT_LOG = logging.getLogger("steadyload.report")
+
+
+def _log_report(report: LoaderReport) -> None:
+    _REPORT_LOG.info("%s", report)
+
+
+def report_every(
+    loader: DataLoader[Any],
+    seconds: float | None,
+    callback: Callable[[LoaderReport], None] | None = None,
+) -> None:
+    """Every ``seconds`` of training, pass ``loader.report()`` to ``callback``.
+
+    The default callback logs it at INFO on the ``steadyload.report`` logger. Checked when
+    the training loop takes a batch, so it costs no thread and no wake-up; ``seconds=0``
+    reports at every batch, ``None`` turns it off.
+
+    Raises:
+        ValueError: ``seconds`` is negative or not a number.
+    """
+    if seconds is None:
+        loader._report_every = None
+    else:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+            raise ValueError(f"report_every needs seconds >= 0 or None, got {seconds!r}")
+        loader._report_every = (float(seconds), callback or _log_report)
+    if loader._last_run is not None:
+        loader._last_run.periodic = loader._report_every
+
+
 # Public names report the package they are imported from (see steadyload/__init__.py).
-for _public in (DataLoader,):
+for _public in (DataLoader, report_every):
     _public.__module__ = "steadyload"
 del _public

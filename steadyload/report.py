@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -230,37 +229,7 @@ class RunRecord:
         )
 
 
-_REPORT_LOG = logging.getLogger("steadyload.report")
-
-
-def _log_report(report: LoaderReport) -> None:
-    _REPORT_LOG.info("%s", report)
-
-
-def report_every(
-    loader: Any, seconds: float, callback: Callable[[LoaderReport], None] | None = None
-) -> None:
-    """Every ``seconds`` of training, pass ``loader.report()`` to ``callback``.
-
-    The default callback logs it at INFO on the ``steadyload.report`` logger. Checked when
-    the training loop takes a batch, so it costs no thread and no wake-up; ``seconds=0``
-    reports at every batch, ``None`` turns it off.
-
-    Raises:
-        ValueError: ``seconds`` is negative or not a number.
-    """
-    if seconds is None:
-        loader._report_every = None
-    else:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ValueError(f"report_every needs seconds >= 0 or None, got {seconds!r}")
-        loader._report_every = (float(seconds), callback or _log_report)
-    run = getattr(loader, "_last_run", None)
-    if run is not None:
-        run.periodic = loader._report_every
-
-
 # Public names report the package they are imported from (see steadyload/__init__.py).
-for _public in (LoaderReport, WorkerReport, report_every):
+for _public in (LoaderReport, WorkerReport):
     _public.__module__ = "steadyload"
 del _public

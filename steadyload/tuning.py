@@ -156,7 +156,7 @@ def _time_collate(
 ) -> tuple[float | None, int]:
     from torch.utils.data import default_collate, default_convert
 
-    from .memory import tensor_bytes
+    from .memory.advice import tensor_bytes
 
     if batch_size is None:  # no auto-collation: each sample is converted on its own
         fn = collate_fn or default_convert
@@ -209,7 +209,7 @@ def choose_num_workers(
     """
     from torch.utils.data import IterableDataset
 
-    from .memory import estimate_bytes, large_containers
+    from .memory.advice import estimate_bytes, large_containers
 
     started = time.perf_counter()
     cpu_bound = usable_cpus() - 1

@@ -40,10 +40,10 @@ def _helpers() -> set[int]:
     and steadyload's zygote (start_method="zygote")."""
     from multiprocessing import forkserver, resource_tracker
 
-    import steadyload.start as start
+    from steadyload.start.context import zygote_pid
 
     pids = {forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid,
-            start._zygote_pid()}
+            zygote_pid()}
     return {p for p in pids if p}
 
 
@@ -73,9 +73,9 @@ def _fds() -> set[int]:
 @pytest.fixture(scope="session", autouse=True)
 def _warm_forkserver() -> None:
     """Start the fork server (and resource tracker) once, before leak baselines are taken."""
-    import steadyload.start as start
+    from steadyload.start.context import resolve_context
 
-    start.resolve_context("forkserver", None, None)
+    resolve_context("forkserver", None, None)
 
 
 @pytest.fixture(autouse=True)

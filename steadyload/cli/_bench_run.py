@@ -119,7 +119,7 @@ def bench(
     """
     import multiprocessing
 
-    from ..start import default_method
+    from ..start.context import default_method
 
     started = clock()
     deadline = started + budget_s

@@ -28,6 +28,7 @@ from typing import Any
 
 from . import _doctor_checks as checks
 from ._doctor_checks import CHECKS, Check
+from ._doctor_env import check_env
 
 _MARK = "@@steadyload-doctor@@"  # prefixes the JSON line a child probe writes last
 
@@ -205,12 +206,12 @@ def _one_worker(timeout_s: float) -> Check:
     """Start one real forkserver worker through a tiny steadyload.DataLoader."""
     import torch
 
-    from .. import start
     from ..loader import DataLoader
+    from ..start.preload import forkserver_running
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return Check("forkserver", "OK", "not available on this platform (workers use spawn)")
-    was_running = start._forkserver_running()
+    was_running = forkserver_running()
     began = time.perf_counter()
     try:
         loader = DataLoader(torch.utils.data.TensorDataset(torch.arange(4)), batch_size=2,
@@ -237,7 +238,8 @@ def collect(module: str | None = None, *, clean: bool = False, shm_dir: str = "/
     import torch
     import torch.multiprocessing as tmp
 
-    from .. import _system, start
+    from .. import _system
+    from ..start.context import default_method
 
     env = os.environ if env is None else env
     want = set(CHECKS) - set(skip)
@@ -257,7 +259,7 @@ def collect(module: str | None = None, *, clean: bool = False, shm_dir: str = "/
     if gpu_build and "gpu" in want:
         out.append(checks.check_gpu(checks.torch_build(cuda, hip), gpu, gpu_error))
     if "start_method" in want:
-        out.append(checks.check_start_method(start.default_method()))
+        out.append(checks.check_start_method(default_method()))
     if "forkserver" in want:
         out.append(_one_worker(timeout_s))
     imported, import_error = _finish(mod_child, timeout_s) if mod_child else (None, "")
@@ -295,7 +297,7 @@ def collect(module: str | None = None, *, clean: bool = False, shm_dir: str = "/
         archs = _kfd_archs() if hip else []
         if not archs and gpu and "HSA_OVERRIDE_GFX_VERSION" not in env:
             archs = [d["arch"] for d in gpu.get("devices", [])]
-        out.extend(checks.check_env(env, hip, archs, (gpu or {}).get("arch_list")))
+        out.extend(check_env(env, hip, archs, (gpu or {}).get("arch_list")))
     return out
 
 

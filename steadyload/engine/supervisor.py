@@ -5,7 +5,7 @@ and process sentinel, so a worker's death is seen the moment it happens and no w
 outlive a SIGKILLed worker. Each worker has a pipe of its own rather than one shared result
 queue: a worker killed while writing to a shared queue leaves its lock held and a partial
 message behind, which blocks or corrupts every other worker; a private pipe just closes.
-The task table (which worker holds which task) is kept by the caller, `_iterators.py`.
+The task table (which worker holds which task) is kept by the caller, `iterators/workers.py`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from ..pickling import unimportable_main_hidden
+from .config import Deferred, WorkerConfig
 from .lifecycle import stop_processes
 from .protocol import Done, Reset, Restore, Stop, Task
 from .status import Progress, StatusBlock
 from .transport import SegmentMap
-from .worker import Deferred, WorkerConfig, worker_main
+from .worker import worker_main
 
 _LOG = logging.getLogger(__name__)
 

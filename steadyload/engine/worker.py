@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -34,7 +33,7 @@ import torch
 from torch.utils.data._utils import worker as _torch_worker
 
 from .._seeding import SampleSeeder
-from ..pickling import dumps_for_worker
+from .config import Deferred, WorkerConfig
 from .fetch import ITERABLE, AllSkipped, Fetcher
 from .protocol import (
     Done,
@@ -55,61 +54,6 @@ from .transport import HAVE_MEMFD, Arena, install_collate_hook, send_segments
 
 _LOG = logging.getLogger(__name__)
 _MEMORY_CHECK_INTERVAL_S = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    """Everything a worker needs, sent once when it starts."""
-
-    dataset_kind: int
-    dataset: Any
-    auto_collation: bool
-    collate_fn: Any
-    drop_last: bool
-    base_seed: int
-    worker_init_fn: Any
-    num_workers: int
-    preload: tuple[str, ...] = ()
-    """Modules asked of the fork server, checked by the worker (see _preload_probe)."""
-    skip_errors: bool = False
-    """on_error="skip": leave out samples whose loading raises."""
-    max_memory_bytes: int | None = None
-    """Retire (exit after the current task) when the worker's USS passes this."""
-    stateful_stream: bool = False
-    """An IterableDataset with state_dict()/load_state_dict(): its state goes with batches."""
-    sample_seeds: bool = False
-    """Seed the RNGs before each sample from (base seed, epoch, index): see _seeding.py."""
-
-
-class Deferred:
-    """Carries an object to a child, unpickled inside the child's own error handling.
-
-    multiprocessing unpickles a Process's arguments before the target runs, so a dataset
-    that fails to unpickle in the child would only print a traceback there. Pickling the
-    object to bytes while the Process is being pickled (the spawning context is set then,
-    so shared tensors and file descriptors travel correctly) lets the worker catch the
-    failure and report it to the parent. Under fork nothing is pickled at all.
-    """
-
-    def __init__(self, obj: Any, parts: dict[str, Any] | None = None) -> None:
-        self._obj = obj
-        self._parts = parts or {"arguments": obj}  # named for error messages
-        self._data: bytes | None = None
-
-    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
-        return (_rebuild_deferred, (dumps_for_worker(self._parts, self._obj),))
-
-    def get(self) -> Any:
-        """The object (unpickled here in the child, if it was pickled)."""
-        if self._data is not None:
-            return pickle.loads(self._data)
-        return self._obj
-
-
-def _rebuild_deferred(data: bytes) -> Deferred:
-    d = Deferred(None, {})
-    d._data = data
-    return d
 
 
 class _WorkerTag(logging.Filter):
@@ -194,11 +138,11 @@ def _failure(task_id: int, exc: BaseException, where: str) -> Failed:
 def _preload_missing(requested: tuple[str, ...]) -> tuple[str, ...] | None:
     if not requested:
         return None
-    from .. import _preload_probe
+    from ..start.server_hooks import probe
 
-    if not _preload_probe.IN_FORK_SERVER:
+    if not probe.IN_FORK_SERVER:
         return None  # the fork server was not started by steadyload: unknown
-    return tuple(m for m in requested if m not in _preload_probe.IMPORTED)
+    return tuple(m for m in requested if m not in probe.IMPORTED)
 
 
 def _uss_bytes() -> int:
@@ -298,7 +242,7 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
     _LOG.debug("worker %d started (seed %d)", worker_id, seed)
     # Keep later collections off the objects made so far (the dataset; under fork, the
     # parent's whole heap): a full collection writes to every object it traverses and
-    # un-shares its page (35 MiB per worker, measured). See steadyload/_preload_freeze.py.
+    # un-shares its page (35 MiB per worker, measured). See start/server_hooks/freeze.py.
     gc.freeze()
 
     iteration_end = False

@@ -20,6 +20,7 @@ import pytest
 
 from steadyload._system import CgroupMemory, Space
 from steadyload.cli import _doctor_checks as checks
+from steadyload.cli import _doctor_env as env_checks
 from steadyload.cli.__main__ import main
 from steadyload.cli.doctor import CHECKS, collect, find_leftovers, format_text, to_json
 
@@ -294,7 +295,7 @@ def test_harmful_environment_variables_warn(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_clean_environment_is_one_ok_line() -> None:
-    (result,) = checks.check_env({"STEADYLOAD_DEBUG": "1", "PATH": "/bin"})
+    (result,) = env_checks.check_env({"STEADYLOAD_DEBUG": "1", "PATH": "/bin"})
     assert (result.name, result.status) == ("env", "OK")
     assert result.detail.endswith("steadyload switches: STEADYLOAD_DEBUG")
 
@@ -308,12 +309,12 @@ def test_clean_environment_is_one_ok_line() -> None:
 def test_hsa_override_against_native_support(
     devices: list[str], arch_list: list[str] | None, status: str,
 ) -> None:
-    result = checks.check_hsa_override("11.0.0", "7.2.0", devices, arch_list)
+    result = env_checks.check_hsa_override("11.0.0", "7.2.0", devices, arch_list)
     assert result.status == status, result
     if status != "OK":
         assert "unset HSA_OVERRIDE_GFX_VERSION" in result.fix
-    assert checks.gfx_from_override("9.0.10") == "gfx90a"
-    assert checks.gfx_from_override("11.0.0") == "gfx1100"
+    assert env_checks.gfx_from_override("9.0.10") == "gfx90a"
+    assert env_checks.gfx_from_override("11.0.0") == "gfx1100"
 
 
 # -- the other checks, provoked ----------------------------------------------------------------

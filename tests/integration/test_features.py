@@ -33,7 +33,7 @@ def test_default_start_method_is_forkserver_with_preload() -> None:
     # The session's fork server was started before this dataset's module was known, so it
     # has the preloads of that time; a fresh process preloads the dataset module too
     # (tests/integration/test_fork_safety.py::test_preloads_of_the_parents_imports...).
-    assert "torch" in info.preload and "steadyload._preload_probe" in info.preload
+    assert "torch" in info.preload and "steadyload.start.server_hooks.probe" in info.preload
     assert [int(b) for b in (x[0, 0] for x in loader)] == [0, 1, 2, 3]
 
 

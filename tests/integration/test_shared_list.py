@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import steadyload as sl
-from steadyload import _records
+from steadyload.memory import layout as _records
 from tests.datasets import SharedRows
 
 RECORDS: list[Any] = [
@@ -191,7 +191,7 @@ def test_shared_dict_lookup() -> None:
     ("fork", r"under fork each of the 2 workers copies the pages it reads"),
 ])
 def test_large_python_metadata_is_flagged_once_with_the_fix(method: str, cost: str) -> None:
-    from steadyload import memory
+    from steadyload.memory import advice as memory
     from tests.datasets import BigMetadata
 
     memory._warned.clear()
@@ -226,7 +226,8 @@ def test_report_gives_worker_memory_and_flags_growth_epoch_over_epoch(caplog: py
 
 
 def test_dataset_tensors_that_do_not_fit_in_dev_shm_are_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
-    from steadyload import _system, memory
+    from steadyload import _system
+    from steadyload.memory import advice as memory
     from tests.datasets import TensorHeavy
 
     memory._shm_warned.clear()

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import steadyload as sl
-from steadyload import start
+from steadyload.start import context as start
 from tests.compare import assert_same_batches
 from tests.conftest import processes_gone, wait_until
 from tests.datasets import FaultOnce, MapDS
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def zygote() -> int:
     """Fork the zygote before the leak fixture's baseline: it lives as long as pytest."""
     sl.prestart((), start_method="zygote")
-    pid = start._zygote_pid()
+    pid = start.zygote_pid()
     assert pid is not None
     return pid
 
@@ -144,7 +144,7 @@ def test_zygote_exits_when_its_parent_is_sigkilled(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(
         """
         import time, steadyload as sl
-        from steadyload import start
+        from steadyload.start import context as start
         from tests.datasets import MapDS
 
         if __name__ == "__main__":
@@ -152,7 +152,7 @@ def test_zygote_exits_when_its_parent_is_sigkilled(tmp_path: Path) -> None:
                                    persistent_workers=True)
             list(loader)
             pids = [w.pid for w in loader.report().workers]
-            print(start._zygote_pid(), *pids, flush=True)
+            print(start.zygote_pid(), *pids, flush=True)
             time.sleep(60)
         """
     ))
@@ -187,7 +187,7 @@ def test_prestart_rejects_other_start_methods() -> None:
 
 
 def test_large_python_metadata_warning_counts_what_the_zygote_keeps() -> None:
-    from steadyload import memory
+    from steadyload.memory import advice as memory
     from tests.datasets import BigMetadata
 
     memory._warned.clear()
@@ -207,7 +207,7 @@ def test_death_diagnosis_names_the_zygote() -> None:
 def test_the_private_cpython_apis_the_zygote_relies_on_still_exist() -> None:
     from multiprocessing import connection, forkserver, popen_forkserver, spawn, util
 
-    from steadyload import _zygote
+    from steadyload.start import zygote as _zygote
 
     assert _zygote.unsupported_reason() is None  # forkserver.main's parameters as in 3.10-3.13
     assert callable(spawn._fixup_main_from_path) and callable(spawn._fixup_main_from_name)

@@ -1,4 +1,5 @@
-"""Memory advice: spot the Python containers that every worker would copy.
+"""Memory advice: what every worker would copy (large Python containers), and whether
+batches and the dataset's tensors fit (available memory, /dev/shm, open-file limit).
 
 A dataset that holds its metadata in a large Python list or dict pays for it once per
 worker: pickled into each forkserver/spawn/zygote worker, or, under fork, copied page by
@@ -9,11 +10,14 @@ the size of large containers from a sample of their items, and warns once, with 
 
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
 from typing import Any
 
-from ._system import gib
+from .._system import gib
+
+_LOG = logging.getLogger(__name__)
 
 LARGE_LEN = 100_000
 LARGE_BYTES = 100 << 20
@@ -106,90 +110,6 @@ def check_copy_on_read(dataset: Any, num_workers: int, method: str) -> None:
         )
 
 
-class MemorySampler:
-    """Samples each worker's USS and PSS every ``interval_s`` on a thread of its own.
-
-    One psutil ``memory_full_info()`` per worker per interval (it reads
-    /proc/PID/smaps_rollup: about a millisecond), so the cost stays far below 1% of a
-    core. Owned by the iterator, which starts it with the workers and stops it (joining the
-    thread) at shutdown. Thread-safe reads through `snapshot`.
-    """
-
-    def __init__(self, pids: Any, interval_s: float = 2.0) -> None:
-        import threading
-
-        self._pids = pids  # callable -> {worker_id: pid}
-        self._interval = interval_s
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self.current: dict[int, tuple[int, int]] = {}  # worker -> (uss, pss)
-        self.rss: dict[int, int] = {}  # worker -> resident memory, for death diagnoses
-        self.peak: dict[int, int] = {}  # worker -> peak uss
-        self.epochs: dict[int, list[int]] = {}  # worker -> uss at the end of each epoch
-        self._thread = threading.Thread(
-            target=self._run, name="steadyload-memory", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.sample()
-
-    def sample(self) -> None:
-        """Take one sample of every worker now."""
-        import psutil
-
-        for worker_id, pid in dict(self._pids()).items():
-            try:
-                info = psutil.Process(pid).memory_full_info()
-            except (psutil.Error, OSError):
-                continue
-            uss, pss = int(info.uss), int(getattr(info, "pss", 0))
-            with self._lock:
-                self.current[worker_id] = (uss, pss)
-                self.rss[worker_id] = int(info.rss)
-                self.peak[worker_id] = max(self.peak.get(worker_id, 0), uss)
-
-    def end_epoch(self) -> list[str]:
-        """Record each worker's USS at an epoch's end; warnings for workers that keep growing."""
-        self.sample()
-        warnings_out = []
-        with self._lock:
-            for worker_id, (uss, _) in self.current.items():
-                history = self.epochs.setdefault(worker_id, [])
-                history.append(uss)
-                last = history[-3:]
-                if len(last) == 3 and last[0] * 1.05 < last[1] * 1.0 < last[2] / 1.05:
-                    warnings_out.append(
-                        f"worker {worker_id} grows epoch after epoch: "
-                        + " -> ".join(gib(x) for x in last)
-                        + " (USS). A cache or list that grows in the dataset, or Python "
-                        "metadata copied on read; see report() and SharedList."
-                    )
-        return warnings_out
-
-    def snapshot(self) -> dict[int, tuple[int, int, int, list[int]]]:
-        """worker -> (uss, pss, peak uss, uss at each epoch end); samples now if never yet."""
-        if not self.current and not self._stop.is_set():
-            self.sample()
-        with self._lock:
-            return {
-                w: (u, p, self.peak.get(w, u), list(self.epochs.get(w, [])))
-                for w, (u, p) in self.current.items()
-            }
-
-    def last_rss(self, worker_id: int) -> int | None:
-        """The worker's resident memory at the last sample (also after it died)."""
-        with self._lock:
-            return self.rss.get(worker_id)
-
-    def stop(self) -> None:
-        """Stop and join the thread. Safe to call more than once."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-
 # -- shared-memory hygiene ------------------------------------------------------------------
 #
 # Where the bytes go, and so what is checked: steadyload's batches travel in memfd segments,
@@ -223,7 +143,7 @@ def tensor_bytes(obj: Any, depth: int = 3) -> int:
 
 
 def raise_fd_limit() -> tuple[int, int] | None:
-    """Raise the soft open-file limit to the hard one; (old, new) when it changed."""
+    """Raise the soft open-file limit to the hard one (logged); (old, new) when it changed."""
     import resource
 
     import torch.multiprocessing as tmp
@@ -238,6 +158,11 @@ def raise_fd_limit() -> tuple[int, int] | None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (ValueError, OSError):
         return None
+    _LOG.info(
+        "raised the soft open-file limit (ulimit -n) from %d to %d: torch's "
+        "'file_descriptor' sharing strategy and steadyload's batch segments hold "
+        "descriptors", soft, target,
+    )
     return soft, target
 
 
@@ -245,7 +170,7 @@ def check_dataset_shm(dataset: Any, num_workers: int, method: str) -> None:
     """Warn when the dataset's tensors, shared through /dev/shm, do not fit there."""
     if method == "fork":
         return  # forked workers inherit the memory; nothing goes through /dev/shm
-    from ._system import shm_space
+    from .._system import shm_space
 
     nbytes = tensor_bytes(dataset)
     space = shm_space()
@@ -269,7 +194,7 @@ def check_dataset_shm(dataset: Any, num_workers: int, method: str) -> None:
 
 def check_in_flight(batch: Any, prefetch_factor: int, num_workers: int) -> str | None:
     """A warning when batches in flight would take over half of the available memory."""
-    from ._system import available_memory_bytes
+    from .._system import available_memory_bytes
 
     per_batch = tensor_bytes(batch)
     available = available_memory_bytes()

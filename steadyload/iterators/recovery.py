@@ -1,13 +1,15 @@
 """Recovery policy of the multi-worker iterator: dead, hung and retired workers.
 
 When a worker dies, the supervisor reports it at once with what its status block says it
-was doing. If the restart budget allows, a fresh worker with the same id (and seed) takes
-over and re-runs every task the dead one held, in the same order, so the caller sees the
-same batches as without the fault. A sample that kills a worker twice is not tried a third
-time: it raises, or with ``on_error="skip"`` it is left out of its batch and recorded. A
-task that outlives ``hang_timeout`` has the worker's stack dumped, the worker killed and the
-task retried once; a second hang raises `WorkerHangError` with the stack
-(docs/design/recovery.md). A mixin of `_WorkerIter`, which owns the task table.
+was doing; `blame` turns that into the sample it was loading and `gather_evidence` adds what
+the machine says (memory, OOM kills, /dev/shm). If the restart budget allows, a fresh worker
+with the same id (and seed) takes over and re-runs every task the dead one held, in the same
+order, so the caller sees the same batches as without the fault. A sample that kills a
+worker twice is not tried a third time: it raises, or with ``on_error="skip"`` it is left
+out of its batch and recorded. A task that outlives ``hang_timeout`` has the worker's stack
+dumped, the worker killed and the task retried once; a second hang raises
+`WorkerHangError` with the stack (docs/design/recovery.md). `Recovery` is a mixin of
+`WorkerIterator` (workers.py), which owns the task table.
 """
 
 from __future__ import annotations
@@ -15,53 +17,71 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import _system, diagnosis
-from ._iterators import _flat
-from ._recovery import blame, gather_evidence
-from .engine.fetch import ITERABLE
-from .engine.status import IDLE
-from .engine.supervisor import Died, Supervisor
-from .report import RestartReport, RunRecord, SkippedSample
+from .. import _system, diagnosis
+from ..engine.fetch import ITERABLE
+from ..engine.status import IDLE, LOADING, STAGES, Progress
+from ..engine.supervisor import Died, Supervisor
+from ..report import RestartReport, RunRecord, SkippedSample
+from .common import flat_indices
+from .tasks import EMPTY, EpochTable, TaskEntry
 
 if TYPE_CHECKING:
-    from .engine.worker import WorkerConfig
-    from .loader import LoaderOptions
-    from .memory import MemorySampler
-    from .start import StartInfo
+    from ..checkpoint import EpochProgress
+    from ..engine.config import WorkerConfig
+    from ..memory.sampler import MemorySampler
+    from ..options import LoaderOptions
+    from ..start.context import StartInfo
 
 _LOG = logging.getLogger(__name__)
-EMPTY = object()  # outcome of a task whose every sample was skipped
 
 
-@dataclass(slots=True)
-class TaskEntry:
-    worker_id: int
-    indices: Any
-    ordinal: int  # batch number in the epoch (state.py)
-    outcome: Any = None
-    has_outcome: bool = False
-    failed: bool = False
-    stream_state: bytes | None = None  # a stateful stream's state after this batch
+def blame(
+    progress: Progress | None, tasks: Mapping[int, Any], held: set[int]
+) -> tuple[Any, int | None]:
+    """(the sample a dead worker was loading, the task it was running), when known.
+
+    ``tasks`` maps task ids to objects with ``indices``; ``held`` are the ids the worker
+    held. A worker that was collating or sending is blamed on the task, not a sample.
+    """
+    if progress is None or progress.stage == IDLE or progress.task_id not in held:
+        return None, None
+    task = tasks.get(progress.task_id)
+    if task is None:
+        return None, None
+    indices = task.indices
+    if progress.stage == LOADING and progress.position >= 0:
+        if isinstance(indices, list) and progress.position < len(indices):
+            return indices[progress.position], progress.task_id
+        if not isinstance(indices, list):
+            return indices, progress.task_id
+    return None, progress.task_id
 
 
-@dataclass(slots=True)
-class EpochTable:
-    """The task table of one epoch: task id -> `TaskEntry`, for tasks not yet yielded."""
-
-    tasks: dict[int, TaskEntry] = field(default_factory=dict)
-    rcvd: int = 0
-    outstanding: int = 0  # tasks sent whose outcome has not arrived (torch's _tasks_outstanding)
-    restarts: int = 0
-
+def gather_evidence(
+    died: Died, oom_kills_before: int | None, rss_bytes: int | None
+) -> diagnosis.Evidence:
+    """What the machine, the memory sampler and the worker's status block say about a death."""
+    memory = _system.cgroup_memory()
+    progress = died.progress
+    return diagnosis.Evidence(
+        rss_bytes=rss_bytes,
+        memory_limit_bytes=memory.limit_bytes or _system.total_memory_bytes(),
+        oom_kills_before=oom_kills_before,
+        oom_kills_after=memory.oom_kills,
+        shm=_system.shm_space(),
+        stacks=died.stacks,
+        libraries=died.libraries,
+        stage=STAGES.get(progress.stage, "") if progress else "",
+    )
 
 
 class Recovery:
     """Replaces dead, hung and over-memory workers without losing or repeating a batch."""
 
-    # Owned by _WorkerIter.
+    # Owned by WorkerIterator.
     _epoch: EpochTable
     _opts: LoaderOptions
     _supervisor: Supervisor | None
@@ -77,7 +97,7 @@ class Recovery:
     _hung: dict[int, tuple[int, str]]
     _retiring: dict[int, int]
     _stream_state: dict[int, bytes]
-    _sl_epoch: int
+    _progress: EpochProgress
     record: RunRecord
 
     def _note_arrival(self, task_id: int) -> None:
@@ -138,7 +158,7 @@ class Recovery:
         self._oom_kills = evidence.oom_kills_after
         hung = self._hung.pop(worker_id, None)
         retired_uss = self._retiring.pop(worker_id, None)
-        flat = [i for _, t in held for i in _flat(t.indices)]
+        flat = [i for _, t in held for i in flat_indices(t.indices)]
 
         def error(outcome: str) -> BaseException:
             return diagnosis.worker_died(
@@ -168,7 +188,7 @@ class Recovery:
                 task = self._epoch.tasks.get(task_id)
                 raise diagnosis.worker_hung(
                     worker_id=worker_id, pid=died.pid, hang_timeout_s=self._opts.hang_timeout,
-                    sample=sample, sample_indices=_flat(task.indices) if task else [],
+                    sample=sample, sample_indices=flat_indices(task.indices) if task else [],
                     stack=stack, times=self._hangs[task_id],
                 )
             cause = f"hung for more than hang_timeout={self._opts.hang_timeout} s"
@@ -207,7 +227,7 @@ class Recovery:
             task.indices = [i for i in task.indices if i != sample]
             skipped = [sample]
         else:
-            skipped = _flat(task.indices)
+            skipped = flat_indices(task.indices)
             task.outcome, task.has_outcome = EMPTY, True
             self._epoch.outstanding -= 1
             self._note_arrival(task_id)  # type: ignore[arg-type]  # not None here
@@ -237,4 +257,4 @@ class Recovery:
         if worker_id in self._stream_state:
             self._supervisor.send_restore(worker_id, self._stream_state[worker_id])
         for tid, task in rerun:
-            self._supervisor.send_task(worker_id, tid, task.indices, self._sl_epoch)
+            self._supervisor.send_task(worker_id, tid, task.indices, self._progress.epoch)

@@ -6,7 +6,7 @@ is CPython's fork server loop (`multiprocessing.forkserver.main`) run in a *fork
 this process instead, so it and every worker forked from it share this process's pages
 until one of them writes to a page. Workers are still never forked from this process
 itself, so a GPU context created here *after* the zygote exists is never inherited; one
-created *before* is refused (start.py). See docs/design/zygote.md for when it is safe and
+created *before* is refused (guards.py). See docs/design/zygote.md for when it is safe and
 what it costs.
 
 The parent side is a `ForkServer` instance of its own (not the process-wide
@@ -121,7 +121,7 @@ class _Zygote(forkserver.ForkServer):
             alive_r, alive_w = os.pipe()
             try:
                 with warnings.catch_warnings():
-                    # CPython 3.12+ warns about fork() with threads; start.py has warned
+                    # CPython 3.12+ warns about fork() with threads; guards.py has warned
                     # already, in words that name the threads and the fix.
                     warnings.simplefilter("ignore", DeprecationWarning)
                     pid = os.fork()
@@ -152,7 +152,7 @@ def _describe(status: int) -> str:
 
 def _main_to_import() -> tuple[str, str] | None:
     """How workers will find ``__main__`` (by module name or by path), if they can."""
-    from .pickling import main_is_importable
+    from ..pickling import main_is_importable
 
     if not main_is_importable():
         return None  # sent by value instead (pickling.py); nothing to import

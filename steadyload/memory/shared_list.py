@@ -10,7 +10,7 @@ reading a record touches no Python object of the others. The memory goes when th
 process lets go; nothing is ever created in /dev/shm, so nothing can be left there.
 
 Records are stored by columns' types where they are uniform (docs/design/shm.md#sharedlist,
-`_records.py`): str and bytes as such, dicts with the same keys and tuples of the same
+`layout.py`): str and bytes as such, dicts with the same keys and tuples of the same
 length as a struct of their numbers followed by their strings, numbers as typed arrays;
 other values with marshal, or pickle where marshal would not give them back unchanged.
 
@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from multiprocessing import context, reduction
 from typing import Any, cast, overload
 
-from . import _records
+from . import layout as _layout
 
 _HEADER = struct.Struct("<8sQQQQ")  # magic, count, layout length, offsets at (0: none), data at
 _MAGIC = b"slshlst3"
@@ -80,7 +80,7 @@ class SharedList(Sequence[Any]):
 
     def __new__(cls, records: Iterable[Any]) -> SharedList:
         items = records if isinstance(records, (list, tuple)) else list(records)
-        layout, encoded = _records.plan(items)
+        layout, encoded = _layout.plan(items)
         head = layout.to_bytes()
         count = len(items)
         at = -(-(_HEADER.size + len(head)) // 8) * 8
@@ -88,7 +88,7 @@ class SharedList(Sequence[Any]):
             offsets_at, data_at = at, at + 8 * (count + 1)
             total = data_at + sum(len(e) for e in encoded)
         else:
-            fixed = _records.fixed_bytes(layout, items)
+            fixed = _layout.fixed_bytes(layout, items)
             offsets_at, data_at = 0, at
             total = data_at + len(fixed)
         del items
@@ -123,7 +123,7 @@ class SharedList(Sequence[Any]):
     @overload
     def __getitem__(self, index: slice) -> list[Any]: ...
     def __getitem__(self, index: int | slice) -> Any:
-        # Replaced in each layout's subclass by a generated method (_records.getitem).
+        # Replaced in each layout's subclass by a generated method (_layout.getitem).
         return self._other_index(index)
 
     def _other_index(self, index: Any) -> Any:
@@ -175,18 +175,18 @@ class SharedList(Sequence[Any]):
 
 
 _MAX_CLASSES = 256  # layouts with their own subclass; past that, the generic (slower) read
-_classes: dict[tuple[bytes, int], tuple[type[SharedList], _records.Layout]] = {}
+_classes: dict[tuple[bytes, int], tuple[type[SharedList], _layout.Layout]] = {}
 
 
-def _class_for(head: bytes, data_at: int) -> tuple[type[SharedList], _records.Layout]:
+def _class_for(head: bytes, data_at: int) -> tuple[type[SharedList], _layout.Layout]:
     key = (head, data_at)  # the header's bytes tell 0.0 from -0.0 and 1 from True in keys
     found = _classes.get(key)
     if found is not None:
         return found
-    layout = _records.Layout.from_bytes(head)
+    layout = _layout.Layout.from_bytes(head)
     namespace = {
         "__slots__": (),
-        "__getitem__": _records.getitem(layout, data_at),
+        "__getitem__": _layout.getitem(layout, data_at),
         "__module__": "steadyload",
         "__qualname__": "SharedList",
         "__doc__": SharedList.__doc__,

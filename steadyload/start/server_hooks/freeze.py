@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gc
 
-from ._preload_probe import IN_FORK_SERVER
+from .probe import IN_FORK_SERVER
 
 if IN_FORK_SERVER:
     gc.freeze()

@@ -1,11 +1,10 @@
-"""The multi-worker iterator: task table, torch's dispatch order, and recovery from faults.
+"""The multi-worker iterator: torch's dispatch order over supervised worker processes.
 
 Dispatch is torch's (round-robin over active workers, ``prefetch_factor`` tasks per worker,
 yield in task order), so a worker sees the same samples in the same order as under torch
-and random values drawn inside ``__getitem__`` match too.
-
-Recovery from dead, hung and over-memory workers is the `Recovery` mixin
-(`_worker_recovery.py`); checkpoint/resume bookkeeping is `state.py`.
+and random values drawn inside ``__getitem__`` match too. The task table is `tasks.py`;
+recovery from dead, hung and over-memory workers is the `Recovery` mixin (`recovery.py`);
+checkpoint bookkeeping is `checkpoint.EpochProgress`.
 """
 
 from __future__ import annotations
@@ -13,67 +12,59 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import multiprocessing.context
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from torch.utils.data import DataLoader
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from . import _system, diagnosis, start, state
-from ._iterators import (
-    EmptyBatches,
-    SkipGuard,
-    TimedNext,
-    _DatasetError,
-    _flat,
-)
-from ._recovery import rebuild_exception, start_failure, stateful
-from ._worker_recovery import EMPTY, EpochTable, Recovery, TaskEntry
-from .engine.fetch import ITERABLE
-from .engine.protocol import Empty, Exhausted, Failed, Ready, Retire, StartFailed
-from .engine.supervisor import Died, Supervisor
-from .engine.worker import WorkerConfig
-from .memory import (
-    MemorySampler,
-    check_copy_on_read,
-    check_dataset_shm,
-    check_in_flight,
-    raise_fd_limit,
-)
-from .report import RunRecord, SkippedSample, WorkerReport, summarize_modules
-
-if TYPE_CHECKING:
-    from .loader import DataLoader
+from .. import _system, diagnosis
+from ..checkpoint import Checkpoints, EpochProgress
+from ..engine.config import WorkerConfig
+from ..engine.fetch import ITERABLE
+from ..engine.protocol import Empty, Exhausted, Failed, Ready, Retire, StartFailed
+from ..engine.supervisor import Died, Supervisor
+from ..epoch_order import stateful
+from ..memory.advice import check_copy_on_read, check_dataset_shm, check_in_flight, raise_fd_limit
+from ..memory.sampler import MemorySampler
+from ..options import LoaderOptions
+from ..report import RunRecord, SkippedSample, WorkerReport, summarize_modules
+from ..start import guards
+from ..start.context import StartInfo
+from .common import DatasetError, EmptyBatches, SkipGuard, TimedNext, flat_indices
+from .recovery import Recovery
+from .tasks import EMPTY, EpochTable, TaskEntry
+from .worker_errors import rebuild_exception
 
 _LOG = logging.getLogger(__name__)
-class _WorkerIter(TimedNext, Recovery, _BaseDataLoaderIter):
+
+
+class WorkerIterator(TimedNext, Recovery, _BaseDataLoaderIter):
     """num_workers>0: batches from steadyload's supervised worker processes."""
 
-    # Set by state.begin_epoch: batches yielded, epoch over, a stream's saved position.
-    _sl_progress: state.Progress
-    _sl_finished: bool
-    _sl_stream_resume: dict[str, Any] | None
-
-    def __init__(self, loader: DataLoader[Any]) -> None:
+    def __init__(
+        self,
+        loader: DataLoader[Any],
+        options: LoaderOptions,
+        start: tuple[multiprocessing.context.BaseContext, StartInfo],
+        checkpoints: Checkpoints,
+    ) -> None:
         super().__init__(loader)
         self._prefetch_factor: int = loader.prefetch_factor or 2
         self._in_order = loader.in_order
-        self._opts = loader._options
-        self._ctx, self._start_info = loader._start_context()
-        start.check_fork_safe(self._start_info.method)
-        start.check_main_guard(self._start_info.method)
-        start.warn_if_threads_before_fork(self._start_info.method)
+        self._opts = options
+        self._checkpoints = checkpoints
+        self._ctx, self._start_info = start
+        guards.check_fork_safe(self._start_info.method)
+        guards.check_main_guard(self._start_info.method)
+        guards.warn_if_threads_before_fork(self._start_info.method)
         check_copy_on_read(self._dataset, self._num_workers, self._start_info.method)
         check_dataset_shm(self._dataset, self._num_workers, self._start_info.method)
-        raised = raise_fd_limit()
-        if raised:
-            _LOG.info(
-                "raised the soft open-file limit (ulimit -n) from %d to %d: torch's "
-                "'file_descriptor' sharing strategy and steadyload's batch segments hold "
-                "descriptors", *raised,
-            )
+        raise_fd_limit()
         self._checked_in_flight = False
-        state.apply_base_seed(loader, self)  # before the workers are configured with it
+        checkpoints.apply_base_seed(loader, self)  # before the workers are configured with it
         self.record = RunRecord(self._start_info.method, self._start_info.preload)
         self._config = WorkerConfig(
             dataset_kind=self._dataset_kind,
@@ -91,8 +82,6 @@ class _WorkerIter(TimedNext, Recovery, _BaseDataLoaderIter):
             sample_seeds=self._opts.sample_seeds,
         )
         self._stream_state: dict[int, bytes] = {}  # worker -> state after its last batch
-        self._yielded_state: dict[int, bytes] = {}  # worker -> state after its last yielded
-        self._last_yielded_worker: int | None = None
         self._empty = EmptyBatches(self._collate_fn)
         self._supervisor: Supervisor | None = None
         self._error: BaseException | None = None
@@ -139,7 +128,7 @@ class _WorkerIter(TimedNext, Recovery, _BaseDataLoaderIter):
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
-        self._sl_epoch = state.begin_epoch(loader, self)
+        self._progress: EpochProgress = self._checkpoints.begin_epoch(loader, self)
         if self._supervisor is None:
             # Persistent workers that were stopped by an error: start afresh.
             self._error = None
@@ -158,32 +147,23 @@ class _WorkerIter(TimedNext, Recovery, _BaseDataLoaderIter):
         self._per_worker = [0] * self._num_workers
         self._cycle = itertools.cycle(range(self._num_workers))
         self._stream_state.clear()  # each epoch's streams start afresh (Reset)
-        self._yielded_state.clear()
-        self._last_yielded_worker = None
-        if self._sl_stream_resume is not None:
-            self._resume_streams(self._sl_stream_resume)
+        if self._progress.resume_streams is not None:
+            self._resume_streams(self._progress.resume_streams)
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
     def _resume_streams(self, resume: dict[str, Any]) -> None:
-        """Resume each worker's stream where its last yielded batch ended (state.py)."""
-        self._sl_stream_resume = None
+        """Resume each worker's stream where its last yielded batch ended (checkpoint.py)."""
+        self._progress.resume_streams = None
         assert self._supervisor is not None
         for worker_id, blob in resume["workers"].items():
             self._supervisor.send_restore(worker_id, blob)
-            self._stream_state[worker_id] = self._yielded_state[worker_id] = blob
+            self._stream_state[worker_id] = self._progress.streams[worker_id] = blob
         last = resume["last_worker"]
         if last is not None:
             while next(self._cycle) != last:  # dispatch goes on after the last yielded
                 pass
-            self._last_yielded_worker = last
-
-    def _stream_resume_state(self) -> dict[str, Any]:
-        """Each worker's stream state after its last yielded batch (for state.save)."""
-        return {
-            "workers": dict(self._yielded_state),
-            "last_worker": self._last_yielded_worker,
-        }
+            self._progress.last_worker = last
 
     # -- dispatch ----------------------------------------------------------------------------
     def _try_put_index(self, force: bool = False) -> bool:
@@ -211,7 +191,7 @@ class _WorkerIter(TimedNext, Recovery, _BaseDataLoaderIter):
         epoch.tasks[task_id] = TaskEntry(worker_id, index, self._sampler_iter.ordinal)
         self._per_worker[worker_id] += 1
         epoch.outstanding += 1
-        self._supervisor.send_task(worker_id, task_id, index, self._sl_epoch)
+        self._supervisor.send_task(worker_id, task_id, index, self._progress.epoch)
         return True
 
     # -- results -----------------------------------------------------------------------------
@@ -223,7 +203,7 @@ class _WorkerIter(TimedNext, Recovery, _BaseDataLoaderIter):
             return self._next_data_inner()
         except StopIteration:
             raise
-        except _DatasetError as wrapped:
+        except DatasetError as wrapped:
             raise wrapped.exc from wrapped.exc.__cause__
         except BaseException as exc:
             # Worker death, hang, time-out, KeyboardInterrupt: stop the workers now.
@@ -246,7 +226,7 @@ class _WorkerIter(TimedNext, Recovery, _BaseDataLoaderIter):
                     _LOG.warning(warning)
                 if not self._persistent_workers:
                     self._shutdown_workers()
-                self._sl_finished = True
+                self._progress.finished = True
                 raise StopIteration
             task = epoch.tasks[epoch.rcvd]
             if task.has_outcome and self._can_deliver(task):
@@ -278,10 +258,11 @@ class _WorkerIter(TimedNext, Recovery, _BaseDataLoaderIter):
             data = self._empty.make()
         else:
             data = self._process(task)
-        self._sl_progress.mark(task.ordinal)
+        progress = self._progress
+        progress.yielded.mark(task.ordinal)
         if task.stream_state is not None:
-            self._yielded_state[task.worker_id] = task.stream_state
-        self._last_yielded_worker = task.worker_id
+            progress.streams[task.worker_id] = task.stream_state
+        progress.last_worker = task.worker_id
         return data
 
     def _collect(self, awaited: int) -> None:
@@ -306,7 +287,7 @@ class _WorkerIter(TimedNext, Recovery, _BaseDataLoaderIter):
                     timeout_s=self._timeout,
                     worker_id=worker_id,
                     pid=self._supervisor.pid(worker_id) if worker_id is not None else None,
-                    sample_indices=_flat(task.indices) if task else [],
+                    sample_indices=flat_indices(task.indices) if task else [],
                 )
         for worker_id, event in events:
             self._on_event(worker_id, event)
@@ -357,7 +338,10 @@ class _WorkerIter(TimedNext, Recovery, _BaseDataLoaderIter):
         elif isinstance(event, StartFailed):
             assert self._supervisor is not None
             pid = self._supervisor.pid(worker_id)
-            raise start_failure(worker_id, pid, self._start_info.method, event)
+            raise diagnosis.start_failed(
+                worker_id=worker_id, pid=pid, method=self._start_info.method,
+                type_name=event.type_name, text=event.text, traceback=event.traceback,
+            )
         else:
             raise RuntimeError(
                 f"[steadyload internal error] unexpected message {event!r} from worker "
@@ -405,7 +389,7 @@ class _WorkerIter(TimedNext, Recovery, _BaseDataLoaderIter):
     def _process(self, task: TaskEntry) -> Any:
         self._release(task)
         if task.failed:
-            raise _DatasetError(task.outcome)
+            raise DatasetError(task.outcome)
         data = task.outcome
         if self._pin_memory:
             data = _pin_memory(data, self._pin_memory_device)

@@ -1,31 +1,22 @@
-"""The in-process iterator (num_workers=0) and helpers shared with `_worker_iter.py`.
+"""What both iterators share: the skip guard, empty batches, timing of next(), small helpers.
 
-Iterators subclass torch's `_BaseDataLoaderIter`, so the sampler, the base seed drawn from
-``generator``, pin-memory handling and torch's warnings are torch's own code.
+`SkipGuard` stops ``on_error="skip"`` from skipping forever; `EmptyBatches` makes the batch
+yielded when every sample of one was skipped (the number of batches never changes: see
+docs/design/resume.md); `TimedNext` measures the data-stall share for ``report()``.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
-import pickle
 import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
-from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from . import state
-from ._seeding import KeepCallerRngs, SampleSeeder
-from .engine.fetch import AllSkipped, Fetcher
-from .errors import SkipLimitError
-from .report import RunRecord, SkippedSample
-
-if TYPE_CHECKING:
-    from .loader import DataLoader
+from ..errors import SkipLimitError
+from ..report import RunRecord, SkippedSample
 
 _LOG = logging.getLogger(__name__)
 
@@ -36,21 +27,6 @@ def add_note(exc: BaseException, note: str) -> None:
         exc.add_note(note)
     else:  # pragma: no cover - Python 3.10
         exc.__notes__ = [*getattr(exc, "__notes__", []), note]
-
-
-class RemoteTraceback(Exception):
-    """The worker's traceback, attached as ``__cause__`` of a re-raised dataset exception."""
-
-    def __init__(self, tb: str) -> None:
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self) -> str:
-        return f"\n\n{self.tb}"
-
-
-class WorkerException(Exception):
-    """Stands in for a dataset exception that could not be pickled; keeps its type and text."""
 
 
 SKIP_LIMIT = 64
@@ -140,7 +116,7 @@ def empty_like(batch: Any) -> Any:
     )
 
 
-_UNSET = object()
+UNSET = object()
 
 
 class EmptyBatches:
@@ -153,11 +129,11 @@ class EmptyBatches:
     def __init__(self, collate_fn: Any) -> None:
         self._collate_fn = collate_fn
         self._collate_ok: bool | None = None
-        self._template: Any = _UNSET
+        self._template: Any = UNSET
 
     def learn(self, batch: Any) -> None:
         """A batch that loaded: remember its structure (once)."""
-        if self._template is _UNSET:
+        if self._template is UNSET:
             try:
                 self._template = empty_like(batch)
             except TypeError as exc:
@@ -172,7 +148,7 @@ class EmptyBatches:
                 self._collate_ok = True
             except Exception:
                 self._collate_ok = False
-        return self._collate_ok or self._template is not _UNSET
+        return self._collate_ok or self._template is not UNSET
 
     def make(self) -> Any:
         """An empty batch; call only when `ready`."""
@@ -208,90 +184,7 @@ class TimedNext:
         return data
 
 
-class _InProcessIter(TimedNext, _BaseDataLoaderIter):
-    """num_workers=0: load in this process, with torch's semantics and steadyload's notes."""
-
-    # Set by state.begin_epoch: batches yielded, epoch over, a stream's saved position.
-    _sl_progress: state.Progress
-    _sl_finished: bool
-    _sl_stream_resume: dict[str, Any] | None
-
-    def __init__(self, loader: DataLoader[Any]) -> None:
-        super().__init__(loader)
-        if self._timeout != 0:
-            raise ValueError(
-                f"timeout option needs num_workers > 0, got timeout={self._timeout} with "
-                "num_workers=0: in-process loading cannot be interrupted. Set timeout=0 or "
-                "use workers."
-            )
-        self._sl_epoch = state.begin_epoch(loader, self)
-        resume = self._sl_stream_resume
-        if resume is not None:
-            dataset: Any = self._dataset
-            dataset.load_state_dict(pickle.loads(resume["workers"][-1]))
-        options = loader._options
-        self._seeder = SampleSeeder(int(self._base_seed)) if options.sample_seeds else None
-        if self._seeder is not None:
-            self._seeder.epoch = self._sl_epoch
-        self._fetcher = Fetcher(
-            self._dataset_kind, self._dataset, self._auto_collation,
-            self._collate_fn, self._drop_last, skip_errors=options.on_error == "skip",
-            seeder=self._seeder,
-        )  # fmt: skip
-        self.record = RunRecord("in-process", ())
-        self._guard = SkipGuard()
-        self._empty = EmptyBatches(self._collate_fn)
-        self._ahead: collections.deque[tuple[int, Any]] = collections.deque()
-
-    def _next_data_timed(self) -> Any:
-        ordinal, data = self._ahead.popleft() if self._ahead else self._load_next()
-        if data is _UNSET:  # every sample of the batch was skipped
-            while not self._empty.ready:  # nothing loaded yet to copy the structure of
-                try:
-                    ahead = self._load_next()
-                except StopIteration:
-                    raise self._guard.nothing_loaded() from None
-                self._ahead.append(ahead)
-            data = self._empty.make()
-        self._sl_progress.mark(ordinal)
-        if self._pin_memory:
-            data = _pin_memory(data, self._pin_memory_device)
-        return data
-
-    def _load_next(self) -> tuple[int, Any]:
-        """The next batch with its ordinal; ``_UNSET`` for a batch whose samples all failed."""
-        try:
-            index = self._next_index()
-        except StopIteration:
-            self._sl_finished = True
-            raise
-        ordinal = self._sampler_iter.ordinal
-        try:
-            if self._seeder is not None:
-                with KeepCallerRngs():
-                    data = self._fetcher.fetch(index)
-            else:
-                data = self._fetcher.fetch(index)  # may raise StopIteration
-        except AllSkipped:
-            self._record_skips()
-            return ordinal, _UNSET
-        except StopIteration:
-            self._record_skips()
-            self._sl_finished = True
-            raise
-        except Exception as exc:
-            add_note(exc, f"steadyload: raised in the main process {self._fetcher.where}")
-            raise
-        self._record_skips()
-        self._guard.delivered()
-        self._empty.learn(data)
-        return ordinal, data
-
-    def _record_skips(self) -> None:
-        self._guard.record(self.record, self._fetcher.skipped)
-
-
-class _DatasetError(Exception):
+class DatasetError(Exception):
     """Internal wrapper: a dataset exception to re-raise as is (the iterator stays usable)."""
 
     def __init__(self, exc: BaseException) -> None:
@@ -299,7 +192,8 @@ class _DatasetError(Exception):
         self.exc = exc
 
 
-def _flat(indices: Any) -> list[Any]:
+def flat_indices(indices: Any) -> list[Any]:
+    """A task's indices as a list (a batch's list, a tensor's values, or one index)."""
     if isinstance(indices, (list, tuple)):
         return list(indices)
     if isinstance(indices, torch.Tensor):

@@ -1,0 +1,70 @@
+"""What a worker is sent when it starts: `WorkerConfig`, carried by `Deferred`.
+
+`Deferred` pickles the config while the worker process is being started (so shared tensors
+and file descriptors travel as multiprocessing arranges) but unpickles it inside the
+worker's own error handling, so that a dataset that does not unpickle is reported to the
+parent instead of dying with a traceback on stderr.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+from ..pickling import dumps_for_worker
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Everything a worker needs, sent once when it starts."""
+
+    dataset_kind: int
+    dataset: Any
+    auto_collation: bool
+    collate_fn: Any
+    drop_last: bool
+    base_seed: int
+    worker_init_fn: Any
+    num_workers: int
+    preload: tuple[str, ...] = ()
+    """Modules asked of the fork server, checked by the worker (see start/server_hooks/probe.py)."""
+    skip_errors: bool = False
+    """on_error="skip": leave out samples whose loading raises."""
+    max_memory_bytes: int | None = None
+    """Retire (exit after the current task) when the worker's USS passes this."""
+    stateful_stream: bool = False
+    """An IterableDataset with state_dict()/load_state_dict(): its state goes with batches."""
+    sample_seeds: bool = False
+    """Seed the RNGs before each sample from (base seed, epoch, index): see _seeding.py."""
+
+
+class Deferred:
+    """Carries an object to a child, unpickled inside the child's own error handling.
+
+    multiprocessing unpickles a Process's arguments before the target runs, so a dataset
+    that fails to unpickle in the child would only print a traceback there. Pickling the
+    object to bytes while the Process is being pickled (the spawning context is set then,
+    so shared tensors and file descriptors travel correctly) lets the worker catch the
+    failure and report it to the parent. Under fork nothing is pickled at all.
+    """
+
+    def __init__(self, obj: Any, parts: dict[str, Any] | None = None) -> None:
+        self._obj = obj
+        self._parts = parts or {"arguments": obj}  # named for error messages
+        self._data: bytes | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return (_rebuild_deferred, (dumps_for_worker(self._parts, self._obj),))
+
+    def get(self) -> Any:
+        """The object (unpickled here in the child, if it was pickled)."""
+        if self._data is not None:
+            return pickle.loads(self._data)
+        return self._obj
+
+
+def _rebuild_deferred(data: bytes) -> Deferred:
+    d = Deferred(None, {})
+    d._data = data
+    return d

@@ -1,0 +1,218 @@
+"""What decides an epoch's index order, captured when the epoch begins and re-created on resume.
+
+An epoch's batches follow from the random generators its sampler draws from, as they were
+when the epoch began (plus a stateful sampler's own state, and a DistributedSampler's
+epoch). `capture` records those; `replay` sets them back and re-creates the sampler's
+iterator, skipping the index batches already yielded: microseconds per batch, because no
+data is loaded. `Indices` numbers what the sampler yields, so that the iterators can say
+which batches were yielded (`YieldedBatches`). Used by `checkpoint.py`
+(docs/design/resume.md).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils.data as tud
+from torch.utils.data.distributed import DistributedSampler
+
+from .engine.fetch import ITERABLE
+
+GLOBAL = "torch.global"  # key of torch's default CPU generator in the saved RNG states
+
+# torch's samplers whose order follows from their generator (or none) and their arguments.
+_REPLAYABLE = (
+    tud.SequentialSampler, tud.RandomSampler, tud.SubsetRandomSampler,
+    tud.WeightedRandomSampler, tud.BatchSampler, DistributedSampler,
+)  # fmt: skip
+
+
+def stateful(obj: Any) -> bool:
+    """Whether ``obj`` has ``state_dict()`` and ``load_state_dict()`` (a sampler or a stream)."""
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def _chain(loader: tud.DataLoader[Any]) -> list[tuple[str, Any]]:
+    """The sampler objects that decide the index order, outermost first, with their paths."""
+    if loader._auto_collation:
+        top: tuple[str, Any] = ("batch_sampler", loader.batch_sampler)
+    else:
+        top = ("sampler", loader.sampler)
+    out = [top]
+    inner = getattr(top[1], "sampler", None)
+    if isinstance(top[1], tud.BatchSampler) and inner is not None:
+        out.append((f"{top[0]}.sampler", inner))
+    return out
+
+
+def not_replayable(loader: tud.DataLoader[Any]) -> str | None:
+    """Why the loader's sampler cannot be resumed, or None when it can."""
+    if loader._dataset_kind == ITERABLE:  # the sampler only counts items
+        return None
+    for path, obj in _chain(loader):
+        if stateful(obj):
+            return None  # saved through its own state_dict (it covers what it wraps)
+        if isinstance(obj, _REPLAYABLE) or isinstance(obj, (list, tuple, range)):
+            continue
+        return (
+            f"the loader's {path} is a {type(obj).__module__}.{type(obj).__qualname__}, "
+            "which is neither one of torch's samplers (whose order steadyload can replay "
+            "from their random generator) nor has state_dict()/load_state_dict()"
+        )
+    return None
+
+
+def _generators(loader: tud.DataLoader[Any]) -> dict[str, torch.Generator]:
+    """Every generator the index order can draw from, by attribute path (deduplicated)."""
+    found: dict[str, torch.Generator] = {}
+    seen: set[int] = set()
+    candidates = [("generator", loader.generator)]
+    candidates += [(f"{p}.generator", getattr(o, "generator", None)) for p, o in _chain(loader)]
+    for path, gen in candidates:
+        if isinstance(gen, torch.Generator) and id(gen) not in seen:
+            seen.add(id(gen))
+            found[path] = gen
+    return found
+
+
+def rng_states(loader: tud.DataLoader[Any]) -> dict[str, torch.Tensor]:
+    """The states of the loader's generators and torch's global one, now."""
+    states = {path: gen.get_state() for path, gen in _generators(loader).items()}
+    states[GLOBAL] = torch.get_rng_state()
+    return states
+
+
+def set_generators(
+    loader: tud.DataLoader[Any], states: dict[str, torch.Tensor], *, include_global: bool
+) -> None:
+    """Put the loader's generators (and, if asked, torch's global one) back to ``states``."""
+    for path, gen in _generators(loader).items():
+        if path in states:
+            gen.set_state(states[path])
+    if include_global:
+        torch.set_rng_state(states[GLOBAL])
+
+
+@dataclass(slots=True)
+class EpochStart:
+    """What decided the current epoch's order, captured before the sampler drew from it."""
+
+    epoch: int
+    base_seed: int
+    rng: dict[str, torch.Tensor]
+    samplers: dict[str, Any]
+    """A stateful sampler's ``state_dict()`` at the start of the epoch, by path."""
+    distributed_epoch: int | None
+
+
+def capture(loader: tud.DataLoader[Any], epoch: int, base_seed: int) -> EpochStart:
+    """What decides the epoch that begins now (call before its sampler draws)."""
+    samplers = {}
+    for path, obj in _chain(loader):
+        if stateful(obj):
+            samplers[path] = copy.deepcopy(obj.state_dict())
+            break
+    sampler = loader.sampler
+    return EpochStart(
+        epoch=epoch,
+        base_seed=base_seed,
+        rng=rng_states(loader),
+        samplers=samplers,
+        distributed_epoch=sampler.epoch if isinstance(sampler, DistributedSampler) else None,
+    )
+
+
+@dataclass(slots=True)
+class YieldedBatches:
+    """Which batches of the epoch were yielded, by ordinal: a prefix and a few beyond it.
+
+    With ``in_order=False`` a later batch can be yielded before an earlier one; those are
+    the few (at most the prefetch window) kept in ``beyond``.
+    """
+
+    prefix: int = 0
+    beyond: set[int] = field(default_factory=set)
+
+    def mark(self, ordinal: int) -> None:
+        """Batch number ``ordinal`` of the epoch was yielded."""
+        if ordinal != self.prefix:
+            self.beyond.add(ordinal)
+            return
+        self.prefix += 1
+        while self.prefix in self.beyond:
+            self.beyond.discard(self.prefix)
+            self.prefix += 1
+
+    @property
+    def count(self) -> int:
+        """Batches yielded."""
+        return self.prefix + len(self.beyond)
+
+
+class Indices:
+    """The epoch's sampler output with each item's ordinal; skips the ordinals in ``skip``."""
+
+    def __init__(self, source: Iterator[Any], skip: YieldedBatches | None = None) -> None:
+        self._source = source
+        self._skip = skip
+        self._next = 0
+        self._primed: list[Any] = []
+        self.ordinal = -1
+        """Ordinal (batch number in the epoch) of the item returned last."""
+
+    def __iter__(self) -> Indices:
+        return self
+
+    def __next__(self) -> Any:
+        if self._primed:
+            self.ordinal, item = self._primed.pop()
+            return item
+        skip = self._skip
+        while True:
+            item = next(self._source)
+            ordinal = self._next
+            self._next += 1
+            if skip is None or (ordinal >= skip.prefix and ordinal not in skip.beyond):
+                self.ordinal = ordinal
+                return item
+
+    def prime(self) -> None:
+        """Draw the first item now (RandomSampler draws its permutation then)."""
+        try:
+            item = next(self)
+        except StopIteration:
+            self._source = iter(())
+            return
+        self._primed.append((self.ordinal, item))
+
+
+def replay(
+    loader: tud.DataLoader[Any], index_sampler: Any, state: dict[str, Any], base_seed: int
+) -> tuple[EpochStart, Indices, YieldedBatches]:
+    """Re-create a saved epoch's index order, minus the batches it had yielded.
+
+    Sets the loader's generators (and samplers) back to the saved epoch start, captures
+    that start again (so that saving later in this epoch works), draws the sampler's first
+    item while torch's global generator holds the saved state (a RandomSampler without
+    ``generator`` draws its permutation then), and gives the caller's global state back.
+    Returns the epoch start, the indices to load and what was yielded.
+    """
+    caller_rng = torch.get_rng_state()
+    set_generators(loader, state["rng"], include_global=True)
+    for path, obj in _chain(loader):
+        if path in state["samplers"]:
+            obj.load_state_dict(copy.deepcopy(state["samplers"][path]))
+    if state["distributed_epoch"] is not None and isinstance(loader.sampler, DistributedSampler):
+        loader.sampler.set_epoch(state["distributed_epoch"])
+    start = capture(loader, state["epoch"], base_seed)
+    yielded = YieldedBatches(state["batches_yielded"], set(state["yielded_beyond"]))
+    indices = Indices(iter(index_sampler), skip=yielded)
+    indices.prime()
+    torch.set_rng_state(caller_rng)
+    return start, indices, YieldedBatches(yielded.prefix, set(yielded.beyond))

@@ -1,0 +1,102 @@
+"""The in-process iterator (``num_workers=0``): torch's semantics, steadyload's notes.
+
+Loads each batch in this process with the same fetch code as a worker (`engine/fetch.py`),
+so ``on_error="skip"``, ``sample_seeds`` (the caller's RNGs restored after each batch),
+exception notes and checkpointing behave as with workers.
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+from typing import Any
+
+from torch.utils.data import DataLoader
+from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from .._seeding import KeepCallerRngs, SampleSeeder
+from ..checkpoint import Checkpoints
+from ..engine.fetch import AllSkipped, Fetcher
+from ..options import LoaderOptions
+from ..report import RunRecord
+from .common import UNSET, EmptyBatches, SkipGuard, TimedNext, add_note
+
+
+class InProcessIterator(TimedNext, _BaseDataLoaderIter):
+    """num_workers=0: load in this process, with torch's semantics and steadyload's notes."""
+
+    def __init__(
+        self, loader: DataLoader[Any], options: LoaderOptions, checkpoints: Checkpoints
+    ) -> None:
+        super().__init__(loader)
+        if self._timeout != 0:
+            raise ValueError(
+                f"timeout option needs num_workers > 0, got timeout={self._timeout} with "
+                "num_workers=0: in-process loading cannot be interrupted. Set timeout=0 or "
+                "use workers."
+            )
+        self._progress = checkpoints.begin_epoch(loader, self)
+        resume = self._progress.resume_streams
+        if resume is not None:
+            dataset: Any = self._dataset
+            dataset.load_state_dict(pickle.loads(resume["workers"][-1]))
+        self._seeder = SampleSeeder(int(self._base_seed)) if options.sample_seeds else None
+        if self._seeder is not None:
+            self._seeder.epoch = self._progress.epoch
+        self._fetcher = Fetcher(
+            self._dataset_kind, self._dataset, self._auto_collation,
+            self._collate_fn, self._drop_last, skip_errors=options.on_error == "skip",
+            seeder=self._seeder,
+        )  # fmt: skip
+        self.record = RunRecord("in-process", ())
+        self._guard = SkipGuard()
+        self._empty = EmptyBatches(self._collate_fn)
+        self._ahead: collections.deque[tuple[int, Any]] = collections.deque()
+
+    def _next_data_timed(self) -> Any:
+        ordinal, data = self._ahead.popleft() if self._ahead else self._load_next()
+        if data is UNSET:  # every sample of the batch was skipped
+            while not self._empty.ready:  # nothing loaded yet to copy the structure of
+                try:
+                    ahead = self._load_next()
+                except StopIteration:
+                    raise self._guard.nothing_loaded() from None
+                self._ahead.append(ahead)
+            data = self._empty.make()
+        self._progress.yielded.mark(ordinal)
+        if self._pin_memory:
+            data = _pin_memory(data, self._pin_memory_device)
+        return data
+
+    def _load_next(self) -> tuple[int, Any]:
+        """The next batch with its ordinal; ``UNSET`` for a batch whose samples all failed."""
+        try:
+            index = self._next_index()
+        except StopIteration:
+            self._progress.finished = True
+            raise
+        ordinal = self._sampler_iter.ordinal
+        try:
+            if self._seeder is not None:
+                with KeepCallerRngs():
+                    data = self._fetcher.fetch(index)
+            else:
+                data = self._fetcher.fetch(index)  # may raise StopIteration
+        except AllSkipped:
+            self._record_skips()
+            return ordinal, UNSET
+        except StopIteration:
+            self._record_skips()
+            self._progress.finished = True
+            raise
+        except Exception as exc:
+            add_note(exc, f"steadyload: raised in the main process {self._fetcher.where}")
+            raise
+        self._record_skips()
+        self._guard.delivered()
+        self._empty.learn(data)
+        return ordinal, data
+
+    def _record_skips(self) -> None:
+        self._guard.record(self.record, self._fetcher.skipped)

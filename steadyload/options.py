@@ -1,0 +1,55 @@
+"""`LoaderOptions`: steadyload's own settings of one loader, checked once.
+
+Shared by the loader (which maps its keyword arguments onto them), the iterators and the
+recovery policy; torch's own arguments stay on the loader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .start.context import START_METHODS
+
+ON_ERROR = ("raise", "skip")
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderOptions:
+    """steadyload-only settings of one loader (torch's arguments stay on the loader)."""
+
+    start_method: str = "auto"
+    """How workers start: "auto" (forkserver on Linux, else spawn), "forkserver", "spawn",
+    "fork" or "zygote" (opt-in, Linux). torch's ``multiprocessing_context``, when given,
+    takes precedence."""
+    max_restarts: int = 3
+    """Dead or hung workers replaced per epoch before giving up (see DataLoader)."""
+    on_error: str = "raise"
+    """"raise": a dataset exception reaches the caller; "skip": the sample is left out."""
+    hang_timeout: float | None = None
+    """Seconds a task may run before the worker's stack is dumped and it is replaced."""
+    max_worker_memory_bytes: int | None = None
+    """USS above which a worker is replaced between tasks. [Unit: byte]"""
+    sample_seeds: bool = False
+    """Seed the RNGs before each sample from (base seed, epoch, index)."""
+
+    def __post_init__(self) -> None:
+        if self.start_method not in START_METHODS:
+            raise ValueError(
+                f"start_method must be one of {', '.join(map(repr, START_METHODS))}, "
+                f"got {self.start_method!r}"
+            )
+        if (
+            not isinstance(self.max_restarts, int) or isinstance(self.max_restarts, bool)
+            or self.max_restarts < 0
+        ):
+            raise ValueError(f"max_restarts must be an int >= 0, got {self.max_restarts!r}")
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        if self.hang_timeout is not None and (
+            isinstance(self.hang_timeout, bool)
+            or not isinstance(self.hang_timeout, (int, float))
+            or not self.hang_timeout > 0
+        ):
+            raise ValueError(
+                f"hang_timeout must be > 0 seconds or None, got {self.hang_timeout!r}"
+            )

@@ -1,0 +1,173 @@
+"""The package keeps its shape: imports run down the layers, no circle, small modules.
+
+The layers are declared here, top first, and drawn in docs/design/layers.md (checked to
+list them in the same order). Every import counts, including those inside functions and
+under ``if TYPE_CHECKING:``: a module may import modules of lower layers, and siblings of
+its own package as long as no circle forms.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "steadyload"
+
+LAYERS = [
+    "steadyload",  # the package itself: __init__ (public names) and __main__
+    "steadyload.cli",
+    "steadyload.integrations",
+    "steadyload.loader",
+    "steadyload.tuning",
+    "steadyload.iterators",
+    "steadyload.options",
+    "steadyload.checkpoint",
+    "steadyload.epoch_order",
+    "steadyload.engine",
+    "steadyload.start",
+    "steadyload.memory",
+    "steadyload.diagnosis",
+    "steadyload.report",
+    "steadyload.pickling",
+    "steadyload.per_worker",
+    "steadyload.errors",
+    "steadyload._seeding",
+    "steadyload._system",
+    "steadyload._version",
+]
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _layer(module: str) -> int:
+    best = None
+    for rank, prefix in enumerate(LAYERS):
+        if module == prefix or module.startswith(prefix + "."):
+            if best is None or len(prefix) > len(LAYERS[best]):
+                best = rank
+    if best is None:
+        raise AssertionError(f"{module} belongs to no layer: add it to LAYERS and layers.md")
+    if best == 0 and module not in ("steadyload", "steadyload.__main__"):
+        raise AssertionError(f"{module} sits at the package root outside any layer")
+    return best
+
+
+def _ours(name: str) -> bool:
+    return name == "steadyload" or name.startswith("steadyload.")
+
+
+def _imports(module: str, path: Path) -> tuple[set[str], set[str]]:
+    """(modules of the package that ``module`` imports, imported names that do not exist)."""
+    tree = ast.parse(path.read_text(), str(path))
+    here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found, missing = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _ours(alias.name):
+                    (found if alias.name in MODULES else missing).add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not _ours(target):
+                continue
+            if target not in MODULES:
+                missing.add(target)
+                continue
+            subs = {f"{target}.{a.name}" for a in node.names} & set(MODULES)
+            found |= subs
+            # ``from pkg import submodule`` depends on the submodule, not on pkg's names.
+            if len(subs) < len(node.names):
+                found.add(target)
+    found.discard(module)
+    return found, missing
+
+
+IMPORTS = {m: _imports(m, p) for m, p in MODULES.items()}
+GRAPH = {m: found for m, (found, _) in IMPORTS.items()}
+
+
+def test_every_import_of_the_package_exists() -> None:
+    # mypy's ignore_missing_imports would not notice a function-level import left behind.
+    missing = {m: sorted(gone) for m, (_, gone) in IMPORTS.items() if gone}
+    assert not missing, missing
+
+
+def test_every_module_sits_in_a_declared_layer() -> None:
+    for module in MODULES:
+        _layer(module)
+
+
+def test_imports_only_run_down_the_layers() -> None:
+    wrong = []
+    for module, targets in GRAPH.items():
+        for target in targets:
+            if _layer(target) < _layer(module):
+                wrong.append(f"{module} imports {target} (layer {LAYERS[_layer(target)]} is "
+                             f"above {LAYERS[_layer(module)]})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_circle() -> None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    stack: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        stack.append(module)
+        for target in sorted(GRAPH.get(module, ())):
+            if state.get(target) == 1:
+                circle = stack[stack.index(target):] + [target]
+                raise AssertionError("import circle: " + " -> ".join(circle))
+            if target not in state:
+                visit(target)
+        stack.pop()
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+
+
+def test_nothing_below_the_loader_imports_it() -> None:
+    loader = LAYERS.index("steadyload.loader")
+    for module, targets in GRAPH.items():
+        if _layer(module) > loader:
+            assert "steadyload.loader" not in targets, module
+
+
+def test_modules_are_small_and_say_what_they_own() -> None:
+    for module, path in MODULES.items():
+        text = path.read_text()
+        lines = text.count("\n")
+        assert lines <= MAX_LINES, f"{module} has {lines} lines (at most {MAX_LINES}: split it)"
+        doc = ast.get_docstring(ast.parse(text))
+        assert doc and doc.splitlines()[0].strip(), f"{module} has no one-line docstring"
+
+
+def test_the_design_map_lists_the_layers_in_order() -> None:
+    text = (ROOT / "docs" / "design" / "layers.md").read_text()
+    block = re.search(r"```text\n(.*?)```", text, re.S)
+    assert block, "docs/design/layers.md needs the layer map in a ```text block"
+    drawn = re.findall(r"^(\S+?)/?\s", block.group(1), re.M)
+    declared = [name.removeprefix("steadyload.").removeprefix("steadyload") for name in LAYERS]
+    shown = [d.removesuffix(".py") for d in drawn]
+    assert shown == [d or "__init__" for d in declared], shown
