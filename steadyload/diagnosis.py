@@ -9,6 +9,7 @@ follows on the next lines.
 from __future__ import annotations
 
 import signal
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,26 @@ def signal_name(exitcode: int | None) -> str | None:
         return signal.Signals(-exitcode).name
     except ValueError:
         return None
+
+
+def describe_exception(exc: BaseException) -> tuple[str, str]:
+    """(qualified type name, text) of an exception, never raising: user code's ``__str__``
+    may raise, and the worker that reports the error must not die of it."""
+    cls = type(exc)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    try:
+        text = str(exc)
+    except Exception as inner:
+        text = f"<str() of the exception raised {type(inner).__name__}: {inner!r}>"
+    return name, text
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The exception's traceback as text, never raising (see `describe_exception`)."""
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception as inner:  # a broken __str__ or __notes__, say
+        return f"(the traceback could not be formatted: {type(inner).__name__})"
 
 
 def format_indices(indices: Sequence[object]) -> str:
@@ -195,27 +216,33 @@ def worker_died(
     evidence: Evidence | None = None,
     sample: object = None,
     outcome: str = "",
+    stream_batches: Sequence[int] = (),
 ) -> WorkerDiedError:
     """Build the `WorkerDiedError` for a worker that exited while it held work.
 
     ``sample`` is the index the worker was loading when it died, when known; ``outcome``
-    says what steadyload did about it (restart, skip, gave up), as a last line.
+    says what steadyload did about it (restart, skip, gave up), as a last line. For an
+    IterableDataset, whose items have no indices, ``stream_batches`` numbers the batches
+    held (their position in the epoch) and ``sample_indices`` is empty.
     """
     ev = evidence or Evidence()
     name = signal_name(exitcode)
     how = f"was killed by {name}" if name else f"exited with status {exitcode}"
     plural = "es" if batches_held != 1 else ""
-    held = (
-        f"{batches_held} batch{plural}: samples {format_indices(sample_indices)}"
-        if batches_held else "no batch"
-    )
+    if stream_batches:
+        contents = (
+            f"batch{plural} {format_indices(stream_batches)} of the epoch; an "
+            "IterableDataset's items have no indices"
+        )
+    else:
+        contents = f"samples {format_indices(sample_indices)}"
+    held = f"{batches_held} batch{plural}: {contents}" if batches_held else "no batch"
     if sample is not None:
         what = f"while loading sample {sample!r} (it held {held})"
     elif ev.stage in ("collating", "sending"):
         what = f"while {ev.stage} a batch (it held {held})"
     elif batches_held:
-        what = f"while it held {batches_held} batch{plural} (samples "
-        what += f"{format_indices(sample_indices)})"
+        what = f"while it held {batches_held} batch{plural} ({contents})"
     else:
         what = "while it held no batch"
     cause, fix = _cause_and_fix(exitcode, start_method, ev)

@@ -8,7 +8,9 @@ Messages are composed in `steadyload.diagnosis`; these classes only carry the fi
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "MainGuardError",
@@ -23,7 +25,16 @@ __all__ = [
 
 
 class SteadyloadError(Exception):
-    """Root of every error raised by steadyload itself (not by your dataset)."""
+    """Root of every error raised by steadyload itself (not by your dataset).
+
+    Every steadyload error survives `pickle` and `copy` with its message, its fields and
+    its notes, so it can cross processes (torchelastic error files, Ray, multiprocessing
+    pools): the default exception pickling would call ``cls(*args)`` and miss the
+    keyword-only fields.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
 
 
 class WorkerDiedError(SteadyloadError, RuntimeError):
@@ -35,7 +46,8 @@ class WorkerDiedError(SteadyloadError, RuntimeError):
         exitcode: `Process.exitcode`: negative for a signal (-9 is SIGKILL), else the exit status.
         signal_name: e.g. ``"SIGKILL"``, or None when the worker exited with a status.
         sample_indices: the dataset indices of the samples the worker held when it died
-            (for an IterableDataset, None entries: a stream has no indices).
+            (empty for an IterableDataset, whose items have no indices: the message
+            numbers the batches instead).
         evidence: facts the diagnosis used, as ``name -> value``.
     """
 
@@ -144,6 +156,20 @@ class SkipLimitError(SteadyloadError, RuntimeError):
         super().__init__(message)
         self.first_index = first_index
         self.first_error = first_error
+
+
+def _rebuild(
+    cls: type[SteadyloadError], args: tuple[Any, ...], state: dict[str, Any]
+) -> SteadyloadError:
+    """Unpickle a steadyload error: its keyword-only fields come from its saved state."""
+    params = inspect.signature(cls.__init__).parameters
+    fields = {
+        name: state[name] for name, p in params.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name in state
+    }
+    exc = cls(*args, **fields)
+    exc.__dict__.update(state)  # notes, and anything set after construction
+    return exc
 
 
 # Public names report the package they are imported from (see steadyload/__init__.py).

@@ -72,7 +72,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             skipped the same way. The number of batches never changes (ranks of a
             distributed run stay in step): a batch gets smaller, and one whose every sample
             failed is yielded empty (``collate_fn([])`` if that works, else the other
-            batches' structure with zero-length tensors).
+            batches' structure with zero-length tensors). A dataset with ``__getitems__``
+            keeps its batched path; only a batch whose ``__getitems__`` raised is loaded
+            again sample by sample, to leave out just the failing ones.
         hang_timeout: seconds a batch may take in a worker (default None: no limit). On
             expiry the worker's stack (all threads) is logged, the worker is killed and the
             batch retried on a fresh worker; a second hang of the same batch raises

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._seeding import StreamItem
-from ..diagnosis import format_indices
+from ..diagnosis import describe_exception, format_indices
 from ..report import SkippedSample
 from .status import COLLATING, POSITION, STAGE
 
@@ -22,10 +22,6 @@ ITERABLE = 1  # the same values as torch.utils.data.dataloader._DatasetKind
 
 class AllSkipped(Exception):
     """Every sample of the batch raised and was skipped (``on_error="skip"``)."""
-
-
-def _describe(exc: BaseException) -> tuple[str, str]:
-    return f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc)
 
 
 class Fetcher:
@@ -92,32 +88,7 @@ class Fetcher:
         dataset = self._dataset
         fields = self._fields
         if self._auto_collation:
-            getitems = getattr(dataset, "__getitems__", None)
-            data: Any
-            seeder = self._seeder
-            if getitems and not self._skip:
-                self._stage, self._current = "getitems", index
-                if seeder is not None:
-                    seeder(index[0] if len(index) else None)  # one batched call: one seed
-                data = getitems(index)
-            else:
-                data = []
-                self._stage = "sample"
-                for position, i in enumerate(index):
-                    self._current = i
-                    if fields is not None:
-                        fields[POSITION] = position
-                    if seeder is not None:
-                        seeder(i)
-                    if not self._skip:
-                        data.append(dataset[i])
-                        continue
-                    try:
-                        data.append(dataset[i])
-                    except Exception as exc:
-                        self.skipped.append(SkippedSample(i, *_describe(exc)))
-                if not data and self.skipped:
-                    raise AllSkipped
+            data = self._load_batch(dataset, index)
             self._stage, self._current = "collate", index
             self.count = len(data)
         else:
@@ -131,13 +102,52 @@ class Fetcher:
             except Exception as exc:
                 if not self._skip:
                     raise
-                self.skipped.append(SkippedSample(index, *_describe(exc)))
+                self.skipped.append(SkippedSample(index, *describe_exception(exc)))
                 raise AllSkipped from exc
             self._stage = "convert"
             self.count = 1
         if fields is not None:
             fields[STAGE] = COLLATING
         return self._collate_fn(data)
+
+    def _load_batch(self, dataset: Any, index: Any) -> Any:
+        """The samples of a batch: one ``__getitems__`` call when the dataset has it.
+
+        With ``skip_errors``, a ``__getitems__`` call that raises is retried sample by
+        sample (each seeded by its own index), so that only the failing samples are left
+        out; batches that load keep the batched path.
+        """
+        fields = self._fields
+        seeder = self._seeder
+        getitems = getattr(dataset, "__getitems__", None)
+        if getitems:
+            self._stage, self._current = "getitems", index
+            if seeder is not None:
+                seeder(index[0] if len(index) else None)  # one batched call: one seed
+            if not self._skip:
+                return getitems(index)
+            try:
+                return getitems(index)
+            except Exception:  # find the bad samples one by one (below)
+                pass
+        data = []
+        self._stage = "sample"
+        for position, i in enumerate(index):
+            self._current = i
+            if fields is not None:
+                fields[POSITION] = position
+            if seeder is not None:
+                seeder(i)
+            if not self._skip:
+                data.append(dataset[i])
+                continue
+            try:
+                data.append(dataset[i])
+            except Exception as exc:
+                self.skipped.append(SkippedSample(i, *describe_exception(exc)))
+        if not data and self.skipped:
+            raise AllSkipped
+        return data
 
     def _fetch_iterable(self, iterator: Iterator[Any], index: Any) -> Any:
         if self._ended:
@@ -158,7 +168,7 @@ class Fetcher:
                         raise
                     # A generator is finished once it raised: the next call ends the stream.
                     item = f"stream item {self._items_read}"
-                    self.skipped.append(SkippedSample(item, *_describe(exc)))
+                    self.skipped.append(SkippedSample(item, *describe_exception(exc)))
                 self._items_read += 1
                 self._current = self._items_read
             if not data and self.skipped and not self._ended:

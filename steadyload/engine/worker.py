@@ -24,7 +24,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -33,6 +32,7 @@ import torch
 from torch.utils.data._utils import worker as _torch_worker
 
 from .._seeding import SampleSeeder
+from ..diagnosis import describe_exception, format_traceback
 from .config import Deferred, WorkerConfig
 from .fetch import ITERABLE, AllSkipped, Fetcher
 from .protocol import (
@@ -117,12 +117,8 @@ def _seed(base_seed: int, worker_id: int) -> int:
     return seed
 
 
-def _type_name(exc: BaseException) -> str:
-    return f"{type(exc).__module__}.{type(exc).__qualname__}"
-
-
 def _failure(task_id: int, exc: BaseException, where: str) -> Failed:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    type_name, text = describe_exception(exc)
     data: bytes | None
     try:
         data = pickle.dumps(exc)
@@ -130,8 +126,8 @@ def _failure(task_id: int, exc: BaseException, where: str) -> Failed:
     except Exception:
         data = None
     return Failed(
-        task_id=task_id, exception=data, type_name=_type_name(exc), text=str(exc),
-        traceback=tb, where=where,
+        task_id=task_id, exception=data, type_name=type_name, text=text,
+        traceback=format_traceback(exc), where=where,
     )
 
 
@@ -196,13 +192,8 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
     try:
         cfg: WorkerConfig = deferred.get()
     except BaseException as exc:
-        conn.send(
-            StartFailed(
-                type_name=_type_name(exc),
-                text=str(exc),
-                traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-            )
-        )
+        type_name, text = describe_exception(exc)
+        conn.send(StartFailed(type_name=type_name, text=text, traceback=format_traceback(exc)))
         return
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     stopped = threading.Event()
@@ -327,7 +318,12 @@ def _run_task(
         conn.send(_failure(task.task_id, exc, "while sending the batch to the main process"))
         return False
     del data
-    state = pickle.dumps(stateful.state_dict()) if stateful is not None else None
+    try:
+        state = pickle.dumps(stateful.state_dict()) if stateful is not None else None
+    except Exception as exc:  # user code: reported like the dataset's own errors
+        arena.end_task(sent=False)
+        conn.send(_failure(task.task_id, exc, "while saving the stream's position (state_dict())"))
+        return False
     used, new, retired = arena.end_task(sent=True)
     conn.send(
         Done(

@@ -158,14 +158,15 @@ class Recovery:
         self._oom_kills = evidence.oom_kills_after
         hung = self._hung.pop(worker_id, None)
         retired_uss = self._retiring.pop(worker_id, None)
-        flat = [i for _, t in held for i in flat_indices(t.indices)]
+        stream = self._dataset_kind == ITERABLE
+        flat = [] if stream else [i for _, t in held for i in flat_indices(t.indices)]
 
         def error(outcome: str) -> BaseException:
             return diagnosis.worker_died(
                 worker_id=worker_id, pid=died.pid, exitcode=died.exitcode,
                 sample_indices=flat, batches_held=len(held),
                 start_method=self._start_info.method, evidence=evidence, sample=sample,
-                outcome=outcome,
+                outcome=outcome, stream_batches=[t.ordinal for _, t in held] if stream else (),
             )
 
         if retired_uss is not None and died.exitcode == 0:
@@ -175,7 +176,7 @@ class Recovery:
             )
             self._replace(worker_id, died, held, cause, None, budget=False)
             return
-        if self._dataset_kind == ITERABLE and not self._config.stateful_stream:
+        if stream and not self._config.stateful_stream:
             raise error(
                 "steadyload did not restart it: an IterableDataset's stream cannot be "
                 "replayed, so the batches it held would be lost. A dataset with "

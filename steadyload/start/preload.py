@@ -10,14 +10,10 @@ list already there, sets it once before the server starts, and records what it a
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
-import os
 import sys
 import threading
 from multiprocessing import forkserver
-
-from .server_hooks.path import ENV as _PATH_ENV
 
 _LOG = logging.getLogger(__name__)
 
@@ -89,14 +85,10 @@ def ensure_forkserver(extra_modules: tuple[str, ...]) -> tuple[str, ...]:
             merged += [m for m in order if m not in merged]
             server.set_forkserver_preload(merged)
             _LOG.debug("starting the fork server with preload %s", merged)
-            # Read by server_hooks.path in the server (CPython ignores its sys_path argument).
-            os.environ[_PATH_ENV] = json.dumps(sys.path)
-        try:
-            # Starting the server returns at once; it imports the preloads in the
-            # background, overlapping with whatever the caller does next.
-            server.ensure_running()
-        finally:
-            os.environ.pop(_PATH_ENV, None)
+        # Starting the server returns at once; it imports the preloads in the background,
+        # overlapping with whatever the caller does next. CPython hands it our sys.path,
+        # which server_hooks.path applies (CPython 3.11-3.13.7 would ignore it).
+        server.ensure_running()
         pid = server._forkserver_pid  # type: ignore[attr-defined]  # private
         if not was_running:
             _started_by_us[pid] = wanted

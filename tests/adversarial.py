@@ -1,0 +1,140 @@
+"""Datasets and helpers that misbehave on purpose, for the hardening tests.
+
+At module level so that forkserver workers can import them (tests/faults/test_hardening*.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+
+class BadStr(Exception):
+    """An exception whose ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this exception cannot be printed")
+
+
+class RaisesBadStr(Dataset[Any]):
+    """Sample ``bad`` raises `BadStr`; the others are tensors."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.bad:
+            raise BadStr()
+        return torch.tensor(i)
+
+
+class BrokenStateStream(IterableDataset[Any]):
+    """A stateful stream whose ``state_dict()`` raises after ``good`` calls."""
+
+    def __init__(self, n: int, good: int) -> None:
+        self.n, self.good, self.calls, self.position = n, good, 0, 0
+
+    def state_dict(self) -> dict[str, int]:
+        self.calls += 1
+        if self.calls > self.good:
+            raise ValueError(f"state_dict() broke at call {self.calls}")
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(wid, self.n, nw):
+            self.position += 1
+            yield torch.tensor([i])
+
+
+class BatchedOnly(Dataset[Any]):
+    """A dataset with a batched ``__getitems__`` (counted per worker) and a slow path.
+
+    ``__getitems__`` raises for any batch that holds ``bad``; each call is recorded in the
+    sample it returns, so the test sees which path loaded it.
+    """
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.bad:
+            raise KeyError(f"sample {i} is corrupt")
+        return {"i": i, "path": "single"}
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        if self.bad in indices:
+            raise KeyError(f"batch {indices} holds corrupt sample {self.bad}")
+        return [{"i": i, "path": "batched"} for i in indices]
+
+
+class Numbers(Dataset[Any]):
+    """Sample i is ``tensor(i)``: the simplest dataset whose batches can be checked."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.tensor(i)
+
+
+class Sleepy(Dataset[Any]):
+    """Each sample sleeps ``delay_s`` seconds."""
+
+    def __init__(self, n: int, delay_s: float) -> None:
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import time
+
+        time.sleep(self.delay_s)
+        return torch.tensor(i)
+
+
+def timeout_error_to(queue: Any) -> None:
+    """In a child process: hit a steadyload ``timeout`` and send the error back pickled."""
+    import steadyload as sl
+
+    loader = sl.DataLoader(Sleepy(4, 5.0), num_workers=1, timeout=0.3)
+    try:
+        next(iter(loader))
+    except Exception as exc:
+        queue.put(exc)
+    else:
+        queue.put(None)
+
+
+class KillingStream(IterableDataset[Any]):
+    """A sharded stream over range(n) whose worker SIGKILLs itself before item ``at``."""
+
+    def __init__(self, n: int, at: int) -> None:
+        self.n, self.at = n, at
+
+    def __iter__(self) -> Any:
+        import os
+        import signal
+
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(wid, self.n, nw):
+            if i == self.at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield torch.tensor(i)
