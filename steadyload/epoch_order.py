@@ -25,10 +25,19 @@ from .engine.fetch import ITERABLE
 GLOBAL = "torch.global"  # key of torch's default CPU generator in the saved RNG states
 
 # torch's samplers whose order follows from their generator (or none) and their arguments.
+# Exact types only: a subclass may draw its order some other way.
 _REPLAYABLE = (
     tud.SequentialSampler, tud.RandomSampler, tud.SubsetRandomSampler,
     tud.WeightedRandomSampler, tud.BatchSampler, DistributedSampler,
 )  # fmt: skip
+# Framework samplers whose order is a pure function of what they wrap, their arguments and
+# a generator (found by `_generators`) or an epoch the framework sets before iterating.
+_KNOWN_WRAPPERS = frozenset({
+    "accelerate.data_loader.BatchSamplerShard",  # a rank's share of the wrapped batches
+    "accelerate.data_loader.SkipBatchSampler",  # the wrapped batches minus the first n
+    "accelerate.data_loader.SeedableRandomSampler",  # reseeds from initial_seed + epoch
+})
+_MAX_DEPTH = 4
 
 
 def stateful(obj: Any) -> bool:
@@ -38,16 +47,31 @@ def stateful(obj: Any) -> bool:
     )
 
 
+def _qualname(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
 def _chain(loader: tud.DataLoader[Any]) -> list[tuple[str, Any]]:
-    """The sampler objects that decide the index order, outermost first, with their paths."""
+    """The sampler objects that decide the index order, outermost first, with their paths.
+
+    Follows wrappers down (``.batch_sampler``, then ``.sampler``): accelerate's
+    BatchSamplerShard holds its batch sampler as ``.batch_sampler``, torch's BatchSampler
+    its sampler as ``.sampler``.
+    """
     if loader._auto_collation:
-        top: tuple[str, Any] = ("batch_sampler", loader.batch_sampler)
+        path, obj = "batch_sampler", loader.batch_sampler
     else:
-        top = ("sampler", loader.sampler)
-    out = [top]
-    inner = getattr(top[1], "sampler", None)
-    if isinstance(top[1], tud.BatchSampler) and inner is not None:
-        out.append((f"{top[0]}.sampler", inner))
+        path, obj = "sampler", loader.sampler
+    out = [(path, obj)]
+    for _ in range(_MAX_DEPTH):
+        for name in ("batch_sampler", "sampler"):
+            inner = getattr(obj, name, None)
+            if inner is not None and inner is not obj and hasattr(inner, "__iter__"):
+                path, obj = f"{path}.{name}", inner
+                out.append((path, obj))
+                break
+        else:
+            break
     return out
 
 
@@ -58,12 +82,14 @@ def not_replayable(loader: tud.DataLoader[Any]) -> str | None:
     for path, obj in _chain(loader):
         if stateful(obj):
             return None  # saved through its own state_dict (it covers what it wraps)
-        if isinstance(obj, _REPLAYABLE) or isinstance(obj, (list, tuple, range)):
+        if type(obj) in _REPLAYABLE or _qualname(obj) in _KNOWN_WRAPPERS:
+            continue
+        if isinstance(obj, (list, tuple, range)):
             continue
         return (
-            f"the loader's {path} is a {type(obj).__module__}.{type(obj).__qualname__}, "
-            "which is neither one of torch's samplers (whose order steadyload can replay "
-            "from their random generator) nor has state_dict()/load_state_dict()"
+            f"the loader's {path} is a {_qualname(obj)}, which is neither one of torch's "
+            "samplers (whose order steadyload can replay from their random generator) nor "
+            "has state_dict()/load_state_dict()"
         )
     return None
 

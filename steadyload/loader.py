@@ -21,11 +21,23 @@ from .checkpoint import Checkpoints
 from .iterators.in_process import InProcessIterator
 from .iterators.workers import WorkerIterator
 from .options import LoaderOptions
+from .rebuild_watch import caller_frame, note_read
 from .report import LoaderReport, RunRecord
 from .start.context import StartInfo, resolve_context
 from .tuning import AutoChoice, resolve_num_workers
 
 _T_co = TypeVar("_T_co", covariant=True)
+
+# What torch keeps on a DataLoader of its arguments besides the dataset and the sampling.
+_TORCH_ATTRIBUTES = (
+    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+    "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
+    "pin_memory_device", "in_order",
+)  # fmt: skip
+_OPTIONS = (
+    "start_method", "max_restarts", "on_error", "hang_timeout", "max_worker_memory",
+    "sample_seeds",
+)  # fmt: skip
 
 
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
@@ -126,34 +138,37 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             persistent_workers,
         )
         self._auto: AutoChoice | None = auto
-        options = LoaderOptions(
-            start_method=start_method,
-            max_restarts=max_restarts,
-            on_error=on_error,
-            hang_timeout=hang_timeout,
-            max_worker_memory_bytes=parse_bytes(max_worker_memory, "max_worker_memory"),
-            sample_seeds=bool(sample_seeds),
-        )
+        # Public attributes named like the parameters: frameworks that rebuild a loader from
+        # its attributes (Lightning: type(loader)(**vars(loader))) keep the options.
+        self.start_method = start_method
+        self.max_restarts = max_restarts
+        self.on_error = on_error
+        self.hang_timeout = hang_timeout
+        self.max_worker_memory = max_worker_memory
+        self.sample_seeds = sample_seeds
+        self._options = self._checked_options()
+        # Keywords only: Lightning records the arguments of the outermost __init__ it has
+        # wrapped, which is torch's when this class was created inside a loader hook; it then
+        # passes sampler= again, which positional arguments would duplicate.
         super().__init__(
-            dataset,
-            batch_size,
-            shuffle,
-            sampler,
-            batch_sampler,
-            num_workers,
-            collate_fn,
-            pin_memory,
-            drop_last,
-            timeout,
-            worker_init_fn,
-            multiprocessing_context,
-            generator,
+            dataset=dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            generator=generator,
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
-        self._options = options
         self._start: tuple[multiprocessing.context.BaseContext, StartInfo] | None = None
         self._last_run: RunRecord | None = None
         self._checkpoints = Checkpoints()  # epoch number and resume state (checkpoint.py)
@@ -164,6 +179,68 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             # importing the main script: a loader built at top level is harmless there.
             self._start_context()
 
+    @property  # torch's plain attribute, watched (rebuild_watch.py)
+    def timeout(self) -> float:
+        """torch's ``timeout``: seconds to wait for a batch (0: no limit).
+
+        Reading it is also how steadyload notices a framework rebuilding this loader as
+        torch's DataLoader (`rebuild_watch.py`): that warns once, with the fix.
+        """
+        note_read(self, caller_frame())
+        return float(self.__dict__["timeout"])
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self.__dict__["timeout"] = value  # in vars(): rebuilds from attributes keep it
+
+    @classmethod
+    def from_loader(
+        cls, loader: torch.utils.data.DataLoader[Any], **options: Any
+    ) -> DataLoader[Any]:
+        """A steadyload loader with ``loader``'s dataset, sampling and arguments.
+
+        For frameworks that build a torch ``DataLoader`` themselves (accelerate's
+        ``prepare``, the transformers Trainer, Ray Train): the twin takes every argument
+        torch keeps on the loader (``num_workers``, ``collate_fn``, ``pin_memory``,
+        ``timeout``, ``worker_init_fn``, ``multiprocessing_context``, ``generator``,
+        ``prefetch_factor``, ``persistent_workers``, ``pin_memory_device``, ``in_order``)
+        and its batch sampler (or sampler) object itself, so sharding and seeding wrappers
+        are kept. ``options`` are steadyload's keyword arguments (``on_error="skip"``, ...);
+        from a steadyload loader, its options are kept unless given. Costs nothing: a
+        torch loader starts no worker before it is iterated.
+
+        Raises:
+            TypeError: ``loader`` is not a torch ``DataLoader``.
+        """
+        if not isinstance(loader, torch.utils.data.DataLoader):
+            raise TypeError(
+                f"DataLoader.from_loader needs a torch.utils.data.DataLoader, got "
+                f"{type(loader).__module__}.{type(loader).__qualname__}"
+            )
+        kwargs: dict[str, Any] = {name: getattr(loader, name) for name in _TORCH_ATTRIBUTES}
+        kwargs["dataset"] = loader.dataset
+        if isinstance(loader.dataset, torch.utils.data.IterableDataset):
+            kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+        elif loader.batch_sampler is not None:
+            kwargs["batch_sampler"] = loader.batch_sampler
+        else:
+            kwargs.update(batch_size=None, sampler=loader.sampler)
+        if isinstance(loader, DataLoader):
+            kwargs.update({name: getattr(loader, name) for name in _OPTIONS})
+        kwargs.update(options)
+        return cls(**kwargs)
+
+    def _checked_options(self) -> LoaderOptions:
+        """The steadyload options as the public attributes hold them now, checked."""
+        return LoaderOptions(
+            start_method=self.start_method,
+            max_restarts=self.max_restarts,
+            on_error=self.on_error,
+            hang_timeout=self.hang_timeout,
+            max_worker_memory_bytes=parse_bytes(self.max_worker_memory, "max_worker_memory"),
+            sample_seeds=bool(self.sample_seeds),
+        )
+
     def _start_context(self) -> tuple[multiprocessing.context.BaseContext, StartInfo]:
         """The workers' context and how it was chosen (decided once per loader)."""
         explicit = self.multiprocessing_context
@@ -173,6 +250,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return self._start
 
     def _get_iterator(self) -> Any:
+        self._options = self._checked_options()  # the attributes may have been set since
         iterator: InProcessIterator | WorkerIterator
         if self.num_workers == 0:
             iterator = InProcessIterator(self, self._options, self._checkpoints)

@@ -154,10 +154,14 @@ def unguarded_main_site() -> tuple[str, int] | None:
     if spec is not None and str(getattr(spec, "name", "")).endswith(".__main__"):
         # `python -m pkg`: multiprocessing never re-runs a package's __main__ in children.
         return None
+    # Only the script's own frames count: in a spawn child (torch.multiprocessing.spawn,
+    # Lightning's ddp_spawn) the outermost "__main__" frame is CPython's `-c` bootstrap,
+    # whose globals are not the script module's.
+    main_globals = vars(sys.modules["__main__"])
     frame = sys._getframe(1)
     site = None
     while frame is not None:
-        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+        if frame.f_code.co_name == "<module>" and frame.f_globals is main_globals:
             site = frame
         frame = frame.f_back  # type: ignore[assignment]  # None ends the loop
     if site is None:

@@ -20,6 +20,7 @@ LAYERS = [
     "steadyload.cli",
     "steadyload.integrations",
     "steadyload.loader",
+    "steadyload.rebuild_watch",
     "steadyload.tuning",
     "steadyload.iterators",
     "steadyload.options",
