@@ -15,6 +15,7 @@ from ._version import __version__ as __version__
 if TYPE_CHECKING:
     from .errors import MainGuardError as MainGuardError
     from .errors import NotPicklableError as NotPicklableError
+    from .errors import SharedMemoryError as SharedMemoryError
     from .errors import SkipLimitError as SkipLimitError
     from .errors import SteadyloadError as SteadyloadError
     from .errors import UnsafeForkError as UnsafeForkError
@@ -36,6 +37,7 @@ _EXPORTS = {
     "MainGuardError": ".errors",
     "NotPicklableError": ".errors",
     "SharedDict": ".memory.shared_list",
+    "SharedMemoryError": ".errors",
     "SharedList": ".memory.shared_list",
     "SkipLimitError": ".errors",
     "SteadyloadError": ".errors",

@@ -191,3 +191,22 @@ def parse_bytes(text: str | int | None, name: str) -> int | None:
             f"{name} must be a size like '4GiB', '512MB' or a number of bytes, got {text!r}"
         )
     return int(value * units[unit])
+
+
+def memory_mappings(marker: str = "memfd:steadyload-w") -> tuple[int, int] | None:
+    """(all memory mappings of this process, those whose name holds ``marker``: steadyload's
+    batch segments); None when /proc is unreadable."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    return len(lines), sum(marker in line for line in lines)
+
+
+def max_map_count() -> int | None:
+    """The kernel's limit on memory mappings per process (``vm.max_map_count``)."""
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return None

@@ -9,51 +9,12 @@ follows on the next lines.
 from __future__ import annotations
 
 import signal
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._system import Space, fd_limits, gib
-from .errors import WorkerDiedError, WorkerHangError, WorkerStartError
-
-_MAX_INDICES_SHOWN = 16
-
-
-def signal_name(exitcode: int | None) -> str | None:
-    """``-9 -> "SIGKILL"``; None for a normal exit status or an unknown signal number."""
-    if exitcode is None or exitcode >= 0:
-        return None
-    try:
-        return signal.Signals(-exitcode).name
-    except ValueError:
-        return None
-
-
-def describe_exception(exc: BaseException) -> tuple[str, str]:
-    """(qualified type name, text) of an exception, never raising: user code's ``__str__``
-    may raise, and the worker that reports the error must not die of it."""
-    cls = type(exc)
-    name = f"{cls.__module__}.{cls.__qualname__}"
-    try:
-        text = str(exc)
-    except Exception as inner:
-        text = f"<str() of the exception raised {type(inner).__name__}: {inner!r}>"
-    return name, text
-
-
-def format_traceback(exc: BaseException) -> str:
-    """The exception's traceback as text, never raising (see `describe_exception`)."""
-    try:
-        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    except Exception as inner:  # a broken __str__ or __notes__, say
-        return f"(the traceback could not be formatted: {type(inner).__name__})"
-
-
-def format_indices(indices: Sequence[object]) -> str:
-    """A short, readable rendering of a list of sample indices."""
-    shown = ", ".join(repr(i) for i in indices[:_MAX_INDICES_SHOWN])
-    more = len(indices) - _MAX_INDICES_SHOWN
-    return f"[{shown}, ... {more} more]" if more > 0 else f"[{shown}]"
+from ._system import Space, gib
+from .describe import format_indices, signal_name
+from .errors import WorkerDiedError, WorkerHangError
 
 
 def _torch_first_line(pid: int | None, exitcode: int | None) -> str:
@@ -316,35 +277,4 @@ def worker_hung(
     return WorkerHangError(
         message, timeout_s=hang_timeout_s or 0.0, worker_id=worker_id,
         sample_indices=sample_indices,
-    )
-
-
-def start_failed(
-    *, worker_id: int, pid: int | None, method: str, type_name: str, text: str, traceback: str
-) -> WorkerStartError:
-    """The error for a worker whose arguments did not unpickle."""
-    return WorkerStartError(
-        f"DataLoader worker {worker_id} (pid {pid}) could not start: "
-        f"{type_name}: {text}\n"
-        "Likely cause: the dataset, collate_fn or worker_init_fn could not be unpickled "
-        f"in a {method} worker, which imports them by module and name.\n"
-        "Fix: define them at module level in an importable module (not in a notebook "
-        "or inside a function), or use start_method='fork' when no GPU is in use.\n"
-        f"Worker traceback:\n{traceback}",
-        worker_id=worker_id,
-        pid=pid,
-    )
-
-
-def too_many_files_note() -> str:
-    """What to say about "Too many open files" (EMFILE) raised in a worker."""
-    import torch.multiprocessing as tmp
-
-    soft, hard = fd_limits()
-    return (
-        f"steadyload: 'Too many open files': this process may have {soft} open files "
-        f"(ulimit -n; the hard limit is {hard}); torch's sharing strategy is "
-        f"{tmp.get_sharing_strategy()!r}. Fix: raise the limit (ulimit -n {hard}), close "
-        "files in __getitem__ (use `with open(...)`), or keep fewer batches alive; torch's "
-        "'file_system' sharing strategy uses no descriptor per shared tensor."
     )

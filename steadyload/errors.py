@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "MainGuardError",
     "NotPicklableError",
+    "SharedMemoryError",
     "SkipLimitError",
     "SteadyloadError",
     "UnsafeForkError",
@@ -111,6 +112,30 @@ class WorkerHangError(SteadyloadError, RuntimeError, TimeoutError):
         self.sample_indices = list(sample_indices)
 
 
+class SharedMemoryError(SteadyloadError, RuntimeError):
+    """A batch could not cross between a worker and this process: out of file descriptors,
+    memory mappings or shared memory.
+
+    A `RuntimeError`, as torch's "Too many open files" error, whose words it keeps.
+
+    Attributes:
+        worker_id: the worker whose batch could not cross.
+        errno: the operating system's error number (EMFILE, ENFILE, ENOMEM).
+        where: "main process" or "worker": which side ran out.
+        evidence: the figures the diagnosis used (open fds, limits, mappings).
+    """
+
+    def __init__(
+        self, message: str, *, worker_id: int | None, errno: int, where: str,
+        evidence: dict[str, object] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.errno = errno
+        self.where = where
+        self.evidence = dict(evidence or {})
+
+
 class UnsafeForkError(SteadyloadError, RuntimeError):
     """The fork start method was chosen while a GPU context exists in this process.
 
@@ -175,7 +200,7 @@ def _rebuild(
 # Public names report the package they are imported from (see steadyload/__init__.py).
 for _public in (
     SteadyloadError, WorkerDiedError, WorkerStartError, WorkerHangError, UnsafeForkError,
-    NotPicklableError, MainGuardError, SkipLimitError,
+    NotPicklableError, MainGuardError, SkipLimitError, SharedMemoryError,
 ):
     _public.__module__ = "steadyload"
 del _public

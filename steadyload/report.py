@@ -48,7 +48,8 @@ class WorkerReport:
 
 @dataclass(frozen=True, slots=True)
 class RestartReport:
-    """A worker that was replaced: why, and what was re-run."""
+    """A worker that was replaced (or, with ``worker_id`` -1, all of them, when the fork
+    server they came from died: ``pid`` is then the server's): why, and what was re-run."""
 
     worker_id: int
     pid: int | None
@@ -142,8 +143,9 @@ class LoaderReport:
                 )
         for r in self.restarts:
             sample = f" while loading sample {r.sample!r}" if r.sample is not None else ""
+            who = "all workers: " if r.worker_id == -1 else f"worker {r.worker_id} "
             lines.append(
-                f"  restart: worker {r.worker_id} (pid {r.pid}) {r.cause}{sample}; "
+                f"  restart: {who}(pid {r.pid}) {r.cause}{sample}; "
                 f"{r.batches_rerun} batch(es) re-run"
             )
         if self.skipped:

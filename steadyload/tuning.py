@@ -63,7 +63,7 @@ class SampleProfile:
     """What loading samples costs in this process (no workers)."""
 
     per_sample_s: float | None
-    """Mean time of ``dataset[i]``, the first (warm-up) sample excluded; None: not measured."""
+    """Median time of ``dataset[i]``, the first (warm-up) sample excluded; None: not measured."""
     collate_s: float | None
     """Time to collate one batch of ``batch_size`` samples. [Unit: second]"""
     samples: int
@@ -148,7 +148,8 @@ def probe(
     finally:
         _set_rng_state(saved)
     timed = times[1:] or times  # the first sample often pays for lazy set-up
-    return SampleProfile(statistics.fmean(timed), collate_s, len(timed), batch_bytes)
+    # The median: a pause of this process (a busy machine) must not make samples look slow.
+    return SampleProfile(statistics.median(timed), collate_s, len(timed), batch_bytes)
 
 
 def _time_collate(

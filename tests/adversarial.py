@@ -138,3 +138,61 @@ class KillingStream(IterableDataset[Any]):
             if i == self.at:
                 os.kill(os.getpid(), signal.SIGKILL)
             yield torch.tensor(i)
+
+
+class Hog(Dataset[Any]):
+    """Sample ``kill_at`` SIGKILLs its worker; sample ``hog_at`` holds the GIL in one C call
+    for seconds (its worker's reader thread cannot run: it cannot see a Stop)."""
+
+    def __init__(self, n: int, kill_at: int, hog_at: int) -> None:
+        self.n, self.kill_at, self.hog_at = n, kill_at, hog_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import os
+        import signal
+
+        if i == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if i == self.hog_at:
+            sum(range(400_000_000))  # one C call: no bytecode boundary for ~4 s
+        return torch.tensor(i)
+
+
+class FailsAt(Dataset[Any]):
+    """Sample ``bad`` raises ValueError."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.bad:
+            raise ValueError(f"sample {i} is bad")
+        return torch.tensor(i)
+
+
+class ManyShared(Dataset[Any]):
+    """Four samples read from ``count`` SharedLists (or SharedDicts): one per column."""
+
+    def __init__(self, count: int, kind: str) -> None:
+        import steadyload as sl
+
+        self.kind = kind
+        if kind == "list":
+            self.columns = [sl.SharedList([f"c{c}-r{r}" for r in range(4)]) for c in range(count)]
+        else:
+            self.columns = [sl.SharedDict({r: f"c{c}-r{r}" for r in range(4)}) for c in range(count)]
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> Any:
+        return (self.columns[0][i], self.columns[-1][i], len(self.columns))
+
+    def expected(self, i: int) -> Any:
+        return (f"c0-r{i}", f"c{len(self.columns) - 1}-r{i}", len(self.columns))

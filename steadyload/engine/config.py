@@ -12,6 +12,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+from ..memory import descriptors
 from ..pickling import dumps_for_worker
 
 
@@ -53,9 +54,16 @@ class Deferred:
         self._obj = obj
         self._parts = parts or {"arguments": obj}  # named for error messages
         self._data: bytes | None = None
+        self.descriptors = 0
+        """How many descriptors travel beside the pickle (memory/descriptors.py)."""
+        self.last_descriptors: list[int] = []
+        """The parent's descriptors of the latest pickling, to send after the start."""
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
-        return (_rebuild_deferred, (dumps_for_worker(self._parts, self._obj),))
+    def __reduce__(self) -> tuple[Any, tuple[bytes, int]]:
+        with descriptors.collecting() as table:
+            data = dumps_for_worker(self._parts, self._obj)
+        self.last_descriptors = table  # the supervisor sends them once the process started
+        return (_rebuild_deferred, (data, len(table)))
 
     def get(self) -> Any:
         """The object (unpickled here in the child, if it was pickled)."""
@@ -64,7 +72,8 @@ class Deferred:
         return self._obj
 
 
-def _rebuild_deferred(data: bytes) -> Deferred:
+def _rebuild_deferred(data: bytes, descriptors: int = 0) -> Deferred:
     d = Deferred(None, {})
     d._data = data
+    d.descriptors = descriptors
     return d

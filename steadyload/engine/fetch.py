@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._seeding import StreamItem
-from ..diagnosis import describe_exception, format_indices
+from ..describe import describe_exception, format_indices
 from ..report import SkippedSample
 from .status import COLLATING, POSITION, STAGE
 

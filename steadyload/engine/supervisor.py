@@ -1,15 +1,18 @@
 """The parent side: start workers, send them tasks, and wait for results and deaths at once.
 
-The supervisor blocks in one place, `multiprocessing.connection.wait` on every worker's pipe
-and process sentinel, so a worker's death is seen the moment it happens and no wait can
-outlive a SIGKILLed worker. Each worker has a pipe of its own rather than one shared result
-queue: a worker killed while writing to a shared queue leaves its lock held and a partial
-message behind, which blocks or corrupts every other worker; a private pipe just closes.
-The task table (which worker holds which task) is kept by the caller, `iterators/workers.py`.
+The supervisor blocks in one place, `multiprocessing.connection.wait` on every worker's
+socket and process sentinel (and the fork server's pidfd), so a death is seen the moment it
+happens and no wait can outlive a SIGKILLed worker. Reads never block: each socket is read
+by a non-blocking `channel.Reader` that returns only complete messages. Each worker has a
+socket of its own rather than one shared result queue: a worker killed while writing to a
+shared queue leaves its lock held and a partial message behind, which blocks or corrupts
+every other worker; a private socket just closes. The task table (which worker holds which
+task) is kept by the caller, `iterators/workers.py`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -17,91 +20,46 @@ import socket
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from multiprocessing.context import BaseContext
-from multiprocessing.process import BaseProcess
 from typing import Any
 
+from ..errors import WorkerStartError
 from ..pickling import unimportable_main_hidden
+from ..start import servers
+from . import channel
 from .config import Deferred, WorkerConfig
-from .lifecycle import stop_processes
-from .protocol import Done, Reset, Restore, Stop, Task
+from .events import Died, ReceiveFailed, ServerDied, ServerGone
+from .handles import Handle, WorkerView
+from .interrupts import held_interrupts
+from .lifecycle import teardown
+from .protocol import Done, Reset, Restore, Task
 from .status import Progress, StatusBlock
-from .transport import SegmentMap
 from .worker import worker_main
 
 _LOG = logging.getLogger(__name__)
+SERVER = -1  # the "worker id" of events about the fork server itself
 
 
-@dataclass(frozen=True, slots=True)
-class Died:
-    """Event: the worker process exited, with what the parent knows about its last moments."""
-
-    exitcode: int | None
-    pid: int | None
-    progress: Progress | None = None
-    stacks: str = ""
-    """What faulthandler wrote: a native crash's stack, or a hang dump."""
-    libraries: tuple[str, ...] = ()
-    """Crash-prone native libraries the worker had loaded."""
+def _close_all(fds: list[int]) -> None:
+    while fds:
+        with contextlib.suppress(OSError):
+            os.close(fds.pop())
 
 
-def _dup(fd: int) -> int:
-    return os.dup(fd)
-
-
-class _Handle:
-    """One worker process and the parent's end of its pipe."""
-
-    __slots__ = (
-        "worker_id", "process", "conn", "sock", "segments", "readable", "pid", "started_at",
-        "status",
-    )
-
-    def __init__(
-        self, worker_id: int, process: BaseProcess, conn: Connection, started_at: float,
-        status: StatusBlock,
-    ) -> None:
-        self.worker_id = worker_id
-        self.started_at = started_at
-        self.status = status
-        self.process = process
-        self.pid = process.pid
-        self.conn = conn
-        self.sock = socket.socket(fileno=_dup(conn.fileno()))
-        self.segments = SegmentMap()
-        self.readable = True
-
-    def close_channels(self) -> None:
-        for closer in (self.conn.close, self.sock.close, self.segments.close, self.status.close):
-            try:
-                closer()
-            except OSError:
-                pass
-
-
-def _shutdown(handles: list[_Handle], grace_s: float) -> None:
-    """Stop the workers in ``handles``; also run by the finalizer at interpreter exit."""
-    if not handles:
-        return
-    _LOG.debug("stopping %d workers", len(handles))
-    for h in handles:
-        try:
-            h.conn.send(Stop())
-        except (OSError, ValueError):
-            pass  # dead already, or pipe closed
-    for h in handles:
-        h.close_channels()
-    stop_processes([h.process for h in handles], grace_s=grace_s)
-    handles.clear()
+def _stop_all(live: list[Handle], server_fds: list[int], grace_s: float) -> None:
+    """The teardown: also what the finalizer runs at garbage collection or exit."""
+    with held_interrupts():  # a Ctrl-C is delivered once all of it is done
+        teardown(live, grace_s)
+        _close_all(server_fds)
 
 
 class Supervisor:
     """Owns the worker processes of one iterator: start, message, watch, stop.
 
-    Not thread-safe: one thread (the one iterating) drives it. `shutdown` is idempotent and
-    also runs when the supervisor is garbage-collected or the interpreter exits.
+    Not thread-safe: one thread (the one iterating) drives it. `shutdown` is idempotent,
+    resumable if interrupted, and also runs when the supervisor is garbage-collected or the
+    interpreter exits.
     """
 
     def __init__(
@@ -114,18 +72,28 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ctx = ctx
+        self._method = ctx.get_start_method()
         self._config = config
         self._num_workers = num_workers
         self._clock = clock
-        self._handles: list[_Handle | None] = [None] * num_workers
-        self._live: list[_Handle] = []  # shared with the finalizer; never reassigned
-        self._finalizer = weakref.finalize(self, _shutdown, self._live, grace_s)
+        self._grace_s = grace_s
+        self._handles: list[Handle | None] = [None] * num_workers
+        self._live: list[Handle] = []  # shared with the finalizer; never reassigned
+        self._server_fds: list[int] = []  # the server's pidfd, if any; shared likewise
+        self._finalizer = weakref.finalize(self, _stop_all, self._live, self._server_fds, grace_s)
         self._deferred: Deferred | None = None
+        self._server: servers.ServerRef | None = None
+        self.views: list[WorkerView | None] = [None] * num_workers
+        """Each worker id's latest process, as ``iterator._workers`` shows it."""
         self.running = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Start all workers. On failure, those already started are stopped again."""
+        """Start all workers. On failure, those already started are stopped again.
+
+        Raises:
+            ServerGone: the fork server died while the workers were starting.
+        """
         cfg = self._config
         self._deferred = Deferred(
             cfg,
@@ -141,7 +109,11 @@ class Supervisor:
         self.running = True
 
     def respawn(self, worker_id: int) -> None:
-        """Start a fresh process for ``worker_id`` (same id, so the same seed)."""
+        """Start a fresh process for ``worker_id`` (same id, so the same seed).
+
+        Raises:
+            ServerGone: the fork server died (its death is reported by the exception).
+        """
         old = self._handles[worker_id]
         if old is not None and old in self._live:
             raise RuntimeError(
@@ -154,6 +126,8 @@ class Supervisor:
         assert self._deferred is not None
         deferred = self._deferred
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        sock = socket.socket(fileno=os.dup(parent_conn.fileno()))
+        parent_conn.close()
         status = StatusBlock.create(worker_id)
         started_at = self._clock()
         process = self._ctx.Process(  # type: ignore[attr-defined]  # BaseContext stubs lack Process
@@ -165,25 +139,89 @@ class Supervisor:
         try:
             with unimportable_main_hidden():
                 process.start()
+        except (EOFError, ConnectionError, FileNotFoundError) as exc:
+            sock.close()
+            status.close()
+            # CPython's fork-server client, talking to a server that died in the meantime.
+            self._watch_server()
+            event = self._server_death(wait_s=2.0)
+            if event is not None:
+                raise ServerGone(event) from exc
+            raise WorkerStartError(
+                f"DataLoader worker {worker_id} could not start: {type(exc).__name__}: {exc}\n"
+                f"Likely cause: the {self._method} process that starts workers stopped "
+                "answering.\nFix: run `steadyload doctor`; if it persists, use "
+                "start_method='spawn'.", worker_id=worker_id, pid=None,
+            ) from exc
         except BaseException:
-            parent_conn.close()
+            sock.close()
             status.close()
             raise
         finally:
             child_conn.close()
-        handle = _Handle(worker_id, process, parent_conn, started_at, status)
         try:
-            socket.send_fds(handle.sock, [b"S"], [status.fd])
+            socket.send_fds(sock, [b"S"], [status.fd])
+            table = deferred.last_descriptors
+            for at in range(0, len(table), channel.MAX_FDS):
+                socket.send_fds(sock, [b"F"], table[at : at + channel.MAX_FDS])
         except OSError:
             pass  # died at once; its sentinel will say so
+        handle = Handle(worker_id, process, sock, started_at, status)
         self._handles[worker_id] = handle
+        self.views[worker_id] = handle.view
         self._live.append(handle)
+        self._watch_server()
         _LOG.debug("started worker %d (pid %s)", worker_id, process.pid)
 
     def shutdown(self) -> None:
-        """Stop every worker (Stop, then SIGTERM, then SIGKILL). Safe to call more than once."""
+        """Stop every worker (Stop, then SIGTERM, then SIGKILL). Safe to call more than once;
+        if it failed half-way, calling it again finishes the job."""
         self.running = False
-        self._finalizer()
+        if self._finalizer.alive:
+            self._finalizer()  # once: the same call runs at garbage collection or exit
+        elif self._live:
+            _stop_all(self._live, self._server_fds, self._grace_s)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether every worker this supervisor started has exited and been reaped."""
+        return not self._live
+
+    # -- the fork server ---------------------------------------------------------------------
+    def _watch_server(self) -> None:
+        server = servers.current(self._method)
+        if server is None or server == self._server:
+            return
+        _close_all(self._server_fds)
+        self._server = server
+        fd = servers.pidfd(server)
+        if fd is not None:
+            self._server_fds.append(fd)
+
+    def _server_death(self, wait_s: float = 0.0) -> ServerDied | None:
+        """If the fork server has exited (waiting at most ``wait_s``), bury every worker it
+        forked and return the one event for it. [Unit: second]"""
+        server = self._server
+        if server is None or not servers.wait_exited(server, wait_s):
+            return None
+        _, exitcode = servers.exit_status(server)
+        gone = []
+        for h in list(self._live):
+            gone.append((h.worker_id, h.pid, h.status.progress()))
+            self._live.remove(h)
+            h.close_channels()
+            h.kill_orphan()  # its parent died, not it: it would run on
+            h.finish()
+        _close_all(self._server_fds)
+        self._server = None
+        _LOG.debug("the %s (pid %d) exited with %s", server.method, server.pid, exitcode)
+        return ServerDied(server.method, server.pid, exitcode, tuple(gone))
+
+    def restart_server(self, dead: ServerDied) -> tuple[str, ...]:
+        """Start a new fork server in place of ``dead``; the preloads it was asked for."""
+        _, preload = servers.restart(servers.ServerRef(dead.method, dead.pid))
+        self._watch_server()
+        return preload
 
     # -- messaging ---------------------------------------------------------------------------
     def pid(self, worker_id: int) -> int | None:
@@ -222,71 +260,93 @@ class Supervisor:
         for h in self._live:
             self._send(h, Reset(h.segments.drain_freed()))
 
-    def _send(self, h: _Handle, msg: object) -> None:
-        try:
-            h.conn.send(msg)
-        except OSError:
-            # The worker died; its sentinel reports that on the next wait.
-            h.readable = False
+    def _send(self, h: Handle, msg: object) -> None:
+        if h in self._live and not h.send(msg):
+            # Gone (its sentinel says so next) or not reading for 10 s: replace it; the
+            # task table re-sends what it held.
+            self.kill(h.worker_id)
 
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
         """Block until a message or a death arrives, or ``timeout_s`` passes. [Unit: second]
 
         Returns ``(worker_id, event)`` pairs: a protocol message (a `Done` comes back as
-        ``(done, batch)``) or `Died`. Messages a worker sent before it died come first.
+        ``(done, batch)``), `Died`, `ReceiveFailed`, or ``(SERVER, ServerDied)`` once for a
+        fork server that died with all its workers. Messages a worker sent before it died
+        come first.
         """
-        by_object: dict[Any, tuple[str, _Handle]] = {}
+        by_object: dict[Any, tuple[str, Handle | None]] = {}
         for h in self._live:
-            if h.readable:
-                by_object[h.conn] = ("conn", h)
+            if not h.reader.closed:
+                by_object[h.reader] = ("conn", h)
             by_object[h.process.sentinel] = ("sentinel", h)
+        if self._server_fds and self._live:
+            by_object[self._server_fds[0]] = ("server", None)
         if not by_object:
             return []
         events: list[tuple[int, object]] = []
         ready = wait(list(by_object), timeout=timeout_s)
         for obj in ready:
-            kind, h = by_object[obj]
-            if kind == "conn":
-                self._receive(h, events)
-        for obj in ready:
-            kind, h = by_object[obj]
-            if kind == "sentinel" and h in self._live:
-                # Under fork the sentinel can fire a moment before waitpid sees the exit.
-                h.process.join(0.05)
-                if h.process.exitcode is not None:
-                    self._receive_all(h, events)  # what it sent before dying comes first
-                    events.append((h.worker_id, self._bury(h)))
+            kind, owner = by_object[obj]
+            if kind == "conn" and owner is not None:
+                self._receive(owner, events)
+        sentinels = [
+            owner for obj in ready for kind, owner in (by_object[obj],)
+            if kind == "sentinel" and owner is not None
+        ]
+        exited = []
+        for h in sentinels:
+            # Under fork the sentinel can fire a moment before waitpid sees the exit.
+            h.process.join(0.05)
+            if h.process.exitcode is not None:
+                exited.append(h)
+        # A fork server reports 255 for each worker when it dies itself; its own exit can
+        # lag a moment behind the closing of their sentinels.
+        server_fired = any(by_object[obj][0] == "server" for obj in ready)
+        if server_fired or any(h.process.exitcode == 255 for h in exited):
+            for live in list(self._live):  # what they sent before the server died counts
+                self._receive(live, events)
+            died = self._server_death(wait_s=1.0)
+            if died is not None:
+                events.append((SERVER, died))
+                return events
+        for h in exited:
+            if h in self._live:
+                self._receive(h, events)  # what it sent before dying comes first
+                events.append((h.worker_id, self._bury(h)))
         return events
 
-    def _receive_all(self, h: _Handle, events: list[tuple[int, object]]) -> None:
-        while h.readable:
-            try:
-                if not h.conn.poll(0):
-                    return
-            except (OSError, EOFError):
-                h.readable = False
-                return
-            self._receive(h, events)
-
-    def _receive(self, h: _Handle, events: list[tuple[int, object]]) -> None:
+    def _receive(self, h: Handle, events: list[tuple[int, object]]) -> None:
         try:
-            msg = h.conn.recv()
-            if isinstance(msg, Done):
-                if msg.new_segments:
-                    h.segments.receive(h.sock, msg.new_segments)
+            messages = h.reader.read()
+        except channel.DescriptorsLost as exc:
+            events.append((h.worker_id, ReceiveFailed(None, exc.errno or 0, str(exc), 0)))
+            return
+        for msg in messages:
+            if not isinstance(msg, Done):
+                events.append((h.worker_id, msg))
+                continue
+            try:
+                fds = h.reader.take_fds(len(msg.new_segments))
+                h.segments.receive(msg.new_segments, fds)
                 h.segments.retire(msg.retired)
                 batch = h.segments.unpack(msg.payload, msg.segments)
-                events.append((h.worker_id, (msg, batch)))
-                return
-        except (EOFError, OSError):
-            h.readable = False  # the process is exiting; its sentinel will say how
-            return
-        events.append((h.worker_id, msg))
+            except OSError as exc:
+                events.append((h.worker_id, ReceiveFailed(
+                    msg.task_id, exc.errno or 0, f"{type(exc).__name__}: {exc}",
+                    len(msg.new_segments),
+                )))
+                continue
+            events.append((h.worker_id, (msg, batch)))
 
     def progress(self, worker_id: int) -> Progress | None:
         """What the worker is doing now, from its status block."""
         h = self._handles[worker_id]
         return h.status.progress() if h is not None and h in self._live else None
+
+    def partial(self, worker_id: int) -> bool:
+        """Whether part of a message from the worker has arrived and the rest not yet."""
+        h = self._handles[worker_id]
+        return h is not None and h in self._live and h.reader.partial
 
     def dump_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
         """Ask a (hung) worker for the Python stacks of all its threads, and return them.
@@ -314,12 +374,10 @@ class Supervisor:
         """SIGKILL the worker; its death arrives as a `Died` event from `wait`."""
         h = self._handles[worker_id]
         if h is not None and h in self._live:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 h.process.kill()
-            except (OSError, ValueError):
-                pass
 
-    def _bury(self, h: _Handle) -> Died:
+    def _bury(self, h: Handle) -> Died:
         died = Died(
             exitcode=h.process.exitcode,
             pid=h.pid,
@@ -330,5 +388,6 @@ class Supervisor:
         _LOG.debug("worker %d (pid %s) exited with %s", h.worker_id, h.pid, died.exitcode)
         self._live.remove(h)
         h.close_channels()
-        stop_processes([h.process], grace_s=0)
+        h.kill_orphan()
+        h.finish()
         return died

@@ -1,256 +1,104 @@
-"""Batches across processes: tensors in pooled shared-memory segments, descriptors on the pipe.
+"""Batches across processes: the parent's mappings of a worker's segments, and what crosses.
 
-Worker side, an `Arena` owns a few segments (memfd: anonymous shared memory with no name in
-/dev/shm, so nothing can be left behind there whatever gets killed, and the /dev/shm size
-limit of containers does not apply). While a batch is loaded, torch's collate asks for
-shared storage (``UntypedStorage._new_shared``, which default_collate calls inside workers);
-the worker's hook carves it from the current segment, so the batch is written once, straight
-into memory the parent can map. `pack` pickles the batch with each tensor replaced by a
-descriptor ``(segment, offset, nbytes, dtype, size, stride, storage_offset)``; a tensor that
-is not in the arena yet is copied in.
+Worker side (`arena.py`), an `Arena` owns a few segments (memfd: anonymous shared memory
+with no name in /dev/shm, so nothing can be left behind there whatever gets killed, and the
+/dev/shm size limit of containers does not apply); collate writes big batches straight
+into them and `storage_table.pack` writes the payload: a pickle whose tensors are rows of a
+storage table, small storages inline.
 
 Parent side, a `SegmentMap` maps each segment once (its file descriptor arrives over the
-socket with SCM_RIGHTS) and rebuilds tensors as views of the mapping: no copy. Each batch's
-view of a segment is a numpy array with a `weakref.finalize`; when the last tensor of the
-batch dies, the segment id is queued and goes back to the worker with its next task, and
-only then may the worker reuse it. A worker also never reuses a segment while its own
-tensors still point into it. The pool grows when the user keeps batches, and shrinks to a
-few free segments. docs/design/shm.md has the lifecycle.
+socket with SCM_RIGHTS) and rebuilds each storage of the table as a view of the mapping:
+no copy. Every such storage has a `weakref.finalize`; a segment goes back to the worker
+(with its next task) when the last storage in it dies, and only then may the worker reuse
+it. A segment that stays partly alive (the user keeps one tensor of a batch) has the pages
+of its dead storages returned to the system after `PUNCH_AFTER` tasks, never at once: the
+common case, a whole batch dropped, hands the segment back with its pages resident, ready
+for the next batch. docs/design/shm.md has the lifecycle.
 """
 
 from __future__ import annotations
 
 import collections
-import io
 import mmap
 import os
 import pickle
 import socket
+import threading
 import weakref
 from typing import Any
 
 import numpy as np
 import torch
 
-_ALIGN = 64
-_MIN_SEGMENT = 1 << 20
-_KEEP_FREE = 4
-HAVE_MEMFD = hasattr(os, "memfd_create") and hasattr(socket, "send_fds")
+from . import storage_table
+from .arena import Arena, _Segment, install_collate_hook
 
-# (segment, offset, nbytes, dtype, size, stride, storage_offset), or ("empty", dtype, size)
-Descriptor = tuple[Any, ...]
+__all__ = ["HAVE_MEMFD", "Arena", "SegmentMap", "announce", "announced", "install_collate_hook"]
 
-
-def _eligible(t: torch.Tensor) -> bool:
-    return (
-        type(t) is torch.Tensor
-        and t.device.type == "cpu"
-        and t.layout == torch.strided
-        and not t.requires_grad
-        and not t.is_quantized
-        and not t.is_nested
-    )
+HAVE_MEMFD = hasattr(os, "memfd_create") and hasattr(socket.socket, "sendmsg")
+PUNCH_AFTER = 4
+"""Tasks sent to a worker after which the dead storages of a partly alive segment have their
+pages returned (a batch whose tensors die a few steps apart is not worth punching)."""
+_CAN_PUNCH = hasattr(mmap, "MADV_REMOVE")
+_PAGE = mmap.PAGESIZE
 
 
-class _Segment:
-    __slots__ = ("segment_id", "nbytes", "mm", "addr", "fd", "parent_holds", "local_refs")
-
-    def __init__(self, segment_id: int, nbytes: int, name: str) -> None:
-        self.segment_id = segment_id
-        self.nbytes = nbytes
-        fd = os.memfd_create(name, os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, nbytes)
-            self.mm = mmap.mmap(fd, nbytes)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd: int | None = fd  # closed once the parent has it
-        self.addr = int(np.frombuffer(self.mm, np.uint8, 1).ctypes.data)
-        self.parent_holds = False
-        self.local_refs = 0
+def announce(segments: list[_Segment]) -> list[int]:
+    """The descriptors of new segments, to send with the `Done` that announces them."""
+    return [s.fd for s in segments if s.fd is not None]
 
 
-class Arena:
-    """The worker's pool of shared-memory segments; one per worker process, one thread."""
-
-    def __init__(self, worker_id: int) -> None:
-        self.active = False
-        self._worker_id = worker_id
-        self._segments: dict[int, _Segment] = {}
-        self._free: list[_Segment] = []
-        self._next_id = 0
-        self._hint = _MIN_SEGMENT
-        self._task: list[_Segment] = []
-        self._cursor = 0
-        self._used = 0
-        self._retired: list[int] = []
-
-    # -- segment bookkeeping -------------------------------------------------------------
-    def release(self, freed: tuple[int, ...]) -> None:
-        """The parent no longer uses these segments."""
-        for segment_id in freed:
-            seg = self._segments.get(segment_id)
-            if seg is not None:
-                seg.parent_holds = False
-                self._maybe_free(seg)
-
-    def _local_release(self, seg: _Segment) -> None:
-        # Runs from a weakref callback: only bookkeeping here, no allocation or unmapping.
-        seg.local_refs -= 1
-        if seg not in self._task:
-            self._maybe_free(seg)
-
-    def _maybe_free(self, seg: _Segment) -> None:
-        if seg.parent_holds or seg.local_refs or seg.segment_id not in self._segments:
-            return
-        if seg in self._free:
-            return
-        if seg.nbytes < self._hint or len(self._free) >= _KEEP_FREE:
-            # Too small for current batches, or enough spares: close it. The mapping goes
-            # when the last reference does (never close() a buffer numpy may still export).
-            del self._segments[seg.segment_id]
-            self._retired.append(seg.segment_id)
-            if seg.fd is not None:  # never announced to the parent
-                os.close(seg.fd)
-                seg.fd = None
-            return
-        self._free.append(seg)
-
-    def _acquire(self, nbytes: int) -> _Segment:
-        fitting = [s for s in self._free if s.nbytes >= nbytes]
-        if fitting:
-            seg = min(fitting, key=lambda s: s.nbytes)
-            self._free.remove(seg)
-            return seg
-        size = max(_MIN_SEGMENT, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
-        seg = _Segment(self._next_id, size, f"steadyload-w{self._worker_id}-{self._next_id}")
-        self._next_id += 1
-        self._segments[seg.segment_id] = seg
-        return seg
-
-    def close(self) -> None:
-        """Drop every segment (mappings go when no tensor views them any more)."""
-        self._segments.clear()
-        self._free.clear()
-        self._task = []
-
-    # -- per task ------------------------------------------------------------------------
-    def begin_task(self) -> None:
-        """Start a batch: allocations until `end_task` go to this batch's segments."""
-        self._task = []
-        self._cursor = 0
-        self._used = 0
-        self.active = True
-
-    def alloc(self, nbytes: int) -> tuple[_Segment, int]:
-        """Reserve ``nbytes`` for the current batch; returns (segment, offset)."""
-        seg = self._task[-1] if self._task else None
-        if seg is None or self._cursor + nbytes > seg.nbytes:
-            seg = self._acquire(max(nbytes, self._hint - self._used))
-            self._task.append(seg)
-            self._cursor = 0
-        offset = self._cursor
-        self._cursor = -(-(offset + nbytes) // _ALIGN) * _ALIGN
-        self._used += nbytes
-        return seg, offset
-
-    def storage(self, nbytes: int) -> torch.UntypedStorage:
-        """Shared storage for collate (the ``_new_shared`` hook), tracked while alive here."""
-        if nbytes == 0:
-            return torch.UntypedStorage(0)
-        seg, offset = self.alloc(nbytes)
-        arr = np.frombuffer(seg.mm, np.uint8, nbytes, offset)
-        seg.local_refs += 1
-        weakref.finalize(arr, self._local_release, seg).atexit = False
-        return torch.from_numpy(arr).untyped_storage()
-
-    def describe(self, t: torch.Tensor) -> Descriptor | None:
-        """The descriptor for ``t``, copying it into the arena unless it is there already."""
-        if not _eligible(t):
-            return None
-        storage = t.untyped_storage()
-        nbytes = storage.nbytes()
-        if t.numel() == 0:
-            return ("empty", t.dtype, tuple(t.shape))
-        ptr = storage.data_ptr()
-        for seg in self._task:
-            if seg.addr <= ptr and ptr + nbytes <= seg.addr + seg.nbytes and not (
-                t.is_conj() or t.is_neg()
-            ):
-                return (
-                    seg.segment_id, ptr - seg.addr, nbytes, t.dtype,
-                    tuple(t.shape), t.stride(), t.storage_offset(),
-                )  # fmt: skip
-        n = t.numel() * t.element_size()
-        seg, offset = self.alloc(n)
-        dst = torch.from_numpy(np.frombuffer(seg.mm, np.uint8, n, offset))
-        dst = dst.view(t.dtype).view(t.shape)
-        dst.copy_(t)
-        return (seg.segment_id, offset, n, t.dtype, tuple(t.shape), dst.stride(), 0)
-
-    def end_task(self, sent: bool) -> tuple[tuple[int, ...], list[_Segment], tuple[int, ...]]:
-        """Finish a batch: (its segment ids, segments whose fd must follow, retired ids).
-
-        ``sent`` says whether the batch goes to the parent; if not (the task failed), its
-        segments are free again as soon as this process no longer uses them.
-        """
-        self.active = False
-        task, self._task = self._task, []
-        if self._used:
-            # Size the next batch's segment by this one, with room to grow.
-            self._hint = max(_MIN_SEGMENT, self._used + self._used // 4)
-        new = [s for s in task if s.fd is not None] if sent else []
-        for seg in task:
-            seg.parent_holds = sent
-            self._maybe_free(seg)
-        retired, self._retired = tuple(self._retired), []
-        used = tuple(s.segment_id for s in task) if sent else ()
-        return used, new, retired
-
-    def pack(self, data: Any) -> bytes:
-        """Pickle a batch with its tensors replaced by arena descriptors."""
-        buf = io.BytesIO()
-        _Packer(buf, self).dump(data)
-        return buf.getvalue()
-
-
-class _Packer(pickle.Pickler):
-    def __init__(self, file: io.BytesIO, arena: Arena) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._arena = arena
-
-    def persistent_id(self, obj: Any) -> Descriptor | None:  # noqa: D102
-        if isinstance(obj, torch.Tensor):
-            return self._arena.describe(obj)
-        return None
-
-
-def send_segments(sock: socket.socket, segments: list[_Segment]) -> None:
-    """Send new segments' file descriptors after the `Done` that announced them."""
-    fds = [s.fd for s in segments if s.fd is not None]
-    socket.send_fds(sock, [b"S"], fds)
+def announced(segments: list[_Segment]) -> None:
+    """The parent has the descriptors (the mappings here keep their own): close ours."""
     for s in segments:
         if s.fd is not None:
             os.close(s.fd)
             s.fd = None
 
 
+class _Held:
+    """A segment in which storages of a batch the parent received are still alive."""
+
+    __slots__ = ("mm", "live", "dead", "since", "pinned", "retired")
+
+    def __init__(self, mm: mmap.mmap, pinned: bool) -> None:
+        self.mm = mm
+        self.live = 0
+        self.dead: list[tuple[int, int]] = []  # (offset, nbytes) of storages that died
+        self.since = 0  # the drain at which the first of them was seen
+        self.pinned = pinned  # the worker still views it: its pages must never be returned
+        self.retired = False  # the worker closed it: never hand it back
+
+
 class SegmentMap:
-    """The parent's mappings of one worker process's segments."""
+    """The parent's mappings of one worker process's segments, and what still lives in them.
+
+    One thread (the supervisor's) calls every method; storages die in any thread, and their
+    finalizers only queue the event until `drain_freed` (after `close`, they settle it).
+    """
 
     def __init__(self) -> None:
         self._maps: dict[int, mmap.mmap] = {}
+        self._held: dict[int, _Held] = {}
+        self._partial: dict[int, _Held] = {}  # held segments with dead storages to punch
         # Appended to from weakref callbacks (any thread); deque.append is atomic.
-        self._freed: collections.deque[int] = collections.deque()
+        self._dead: collections.deque[tuple[int, int, int]] = collections.deque()
+        self._freed: list[int] = []
+        self._lock = threading.Lock()
+        self._drains = 0
+        self._closed = False
+        self.punched = 0
+        """Bytes whose pages were returned early (dead storages of partly kept batches)."""
 
-    def receive(self, sock: socket.socket, announced: tuple[Any, ...]) -> None:
-        """Map the segments a `Done` announced; their fds are next on the socket."""
-        msg, fds, _flags, _addr = socket.recv_fds(sock, 1, len(announced))
+    def receive(self, segments: tuple[Any, ...], fds: list[int]) -> None:
+        """Map the segments a `Done` announced, from the descriptors that came with it.
+
+        Closes the descriptors (each mapping keeps its own). Raises `OSError` as mmap does
+        (EMFILE: out of descriptors; ENOMEM: out of mappings or address space); segments
+        mapped before the failure stay mapped.
+        """
         try:
-            if msg != b"S" or len(fds) != len(announced):
-                raise EOFError("the worker's connection closed while it sent shared memory")
-            for new, fd in zip(announced, fds, strict=True):
+            for new, fd in zip(segments, fds, strict=True):
                 self._maps[new.segment_id] = mmap.mmap(fd, new.nbytes)
         finally:
             for fd in fds:
@@ -260,51 +108,111 @@ class SegmentMap:
         """Forget segments the worker closed (live tensors keep their own reference)."""
         for segment_id in segment_ids:
             self._maps.pop(segment_id, None)
+            held = self._held.get(segment_id)
+            if held is not None:
+                held.retired = True
 
     def unpack(self, payload: bytes, segments: tuple[int, ...]) -> Any:
-        """Rebuild a batch; its tensors are views of the segments, which stay lent until freed."""
-        bases = {}
+        """Rebuild a batch; its storages are views of the segments, lent until they die."""
+        parsed = storage_table.parse(payload)
+        if parsed is None:  # no shared memory: a plain pickle
+            return pickle.loads(payload)
+        storages = []
+        for segment_id, offset, nbytes in parsed.storages:
+            if segment_id == storage_table.INLINE:
+                storages.append(storage_table.inline_storage(parsed.inline, offset, nbytes))
+                continue
+            held = self._held.get(segment_id)
+            if held is None:
+                pinned = segment_id in parsed.pinned
+                held = self._held[segment_id] = _Held(self._maps[segment_id], pinned)
+            base = np.frombuffer(held.mm, np.uint8, nbytes, offset)
+            weakref.finalize(base, self._died, segment_id, offset, nbytes).atexit = False
+            held.live += 1
+            storages.append(torch.from_numpy(base).untyped_storage())
         for segment_id in segments:
-            base = np.frombuffer(self._maps[segment_id], np.uint8)
-            weakref.finalize(base, self._freed.append, segment_id).atexit = False
-            bases[segment_id] = base
-        return _Unpacker(io.BytesIO(payload), bases).load()
+            if segment_id not in self._held:  # nothing of the batch lives there
+                self._freed.append(segment_id)
+        return storage_table.unpack(payload, storages, parsed.tensors)
+
+    def _died(self, segment_id: int, offset: int, nbytes: int) -> None:
+        # A weakref callback, in whatever thread dropped the storage: queue it only, unless
+        # no `drain_freed` will come any more.
+        self._dead.append((segment_id, offset, nbytes))
+        if self._closed:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Count the queued deaths. Never blocks: a finalizer may run while the lock's
+        holder (this thread or another) is inside; the holder then takes its event too."""
+        dead = self._dead
+        while dead and self._lock.acquire(blocking=False):
+            try:
+                while dead:
+                    segment_id, offset, nbytes = dead.popleft()
+                    held = self._held.get(segment_id)
+                    if held is None:
+                        continue
+                    held.live -= 1
+                    if held.live == 0:
+                        del self._held[segment_id]
+                        self._partial.pop(segment_id, None)
+                        if not (held.retired or self._closed):
+                            self._freed.append(segment_id)
+                        continue
+                    held.dead.append((offset, nbytes))
+                    if segment_id not in self._partial:
+                        held.since = self._drains
+                        self._partial[segment_id] = held
+                    if self._closed:  # no worker will reuse it: no reason to wait
+                        self._punch(segment_id, held)
+            finally:
+                self._lock.release()
+
+    def _punch(self, segment_id: int, held: _Held) -> None:
+        """Return the pages wholly inside the dead storages of a partly alive segment.
+
+        MADV_REMOVE frees them in every mapping (they read as zeros, which no live storage
+        can see: only whole pages inside dead ones go). Caller holds the lock.
+        """
+        self._partial.pop(segment_id, None)
+        dead, held.dead = held.dead, []
+        if held.pinned or not _CAN_PUNCH:
+            return
+        for offset, nbytes in dead:
+            start = -(-offset // _PAGE) * _PAGE
+            end = (offset + nbytes) // _PAGE * _PAGE
+            if end > start:
+                try:
+                    held.mm.madvise(mmap.MADV_REMOVE, start, end - start)
+                except OSError:  # not supported here: the pages go with the segment
+                    return
+                self.punched += end - start
 
     def drain_freed(self) -> tuple[int, ...]:
-        """Segment ids freed since the last call, to hand back to the worker."""
-        out = []
-        freed = self._freed
-        while freed:
-            out.append(freed.popleft())
-        return tuple(out)
+        """Segment ids freed since the last call, to hand back to the worker.
+
+        Called once per task sent; also returns the pages of storages dead for
+        `PUNCH_AFTER` calls in segments that something else keeps alive.
+        """
+        self._drains += 1
+        self._settle()
+        with self._lock:
+            for segment_id, held in list(self._partial.items()):
+                if self._drains - held.since >= PUNCH_AFTER:
+                    self._punch(segment_id, held)
+            out, self._freed = tuple(self._freed), []
+        return out
 
     def close(self) -> None:
-        """Drop all mappings; memory still viewed by live tensors stays valid."""
+        """Drop all mappings; memory still viewed by live tensors stays valid.
+
+        From now on, dead storages of partly alive segments have their pages returned at
+        once (no worker will reuse them).
+        """
+        self._closed = True
         self._maps.clear()
-
-
-class _Unpacker(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, bases: dict[int, np.ndarray[Any, Any]]) -> None:
-        super().__init__(file)
-        self._bases = bases
-
-    def persistent_load(self, pid: Any) -> torch.Tensor:  # noqa: D102
-        if pid[0] == "empty":
-            return torch.empty(pid[2], dtype=pid[1])
-        segment_id, offset, nbytes, dtype, size, stride, storage_offset = pid
-        storage = torch.from_numpy(self._bases[segment_id][offset : offset + nbytes])
-        return torch.empty(0, dtype=dtype).set_(
-            storage.untyped_storage(), storage_offset, size, stride
-        )
-
-
-def install_collate_hook(arena: Arena) -> None:
-    """Route torch's shared-storage allocations (default_collate's) into ``arena``."""
-    original = torch.UntypedStorage._new_shared
-
-    def _new_shared(cls: type, size: int, *, device: Any = "cpu") -> torch.UntypedStorage:
-        if arena.active and torch.device(device).type == "cpu":
-            return arena.storage(size)
-        return original(size, device=device)
-
-    torch.UntypedStorage._new_shared = classmethod(_new_shared)  # type: ignore[assignment,method-assign]  # deliberate monkeypatch, worker only
+        self._settle()
+        with self._lock:
+            for segment_id, held in list(self._partial.items()):
+                self._punch(segment_id, held)

@@ -12,6 +12,7 @@ the parent reads after a death or a hang.
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import multiprocessing
@@ -19,6 +20,7 @@ import os
 import pickle
 import queue
 import random
+import resource
 import signal
 import socket
 import sys
@@ -32,7 +34,9 @@ import torch
 from torch.utils.data._utils import worker as _torch_worker
 
 from .._seeding import SampleSeeder
-from ..diagnosis import describe_exception, format_traceback
+from ..describe import describe_exception, format_traceback
+from ..memory import descriptors
+from . import channel
 from .config import Deferred, WorkerConfig
 from .fetch import ITERABLE, AllSkipped, Fetcher
 from .protocol import (
@@ -50,7 +54,7 @@ from .protocol import (
     Task,
 )
 from .status import SENDING, STAGE, WorkerStatus
-from .transport import HAVE_MEMFD, Arena, install_collate_hook, send_segments
+from .transport import HAVE_MEMFD, Arena, announce, announced, install_collate_hook
 
 _LOG = logging.getLogger(__name__)
 _MEMORY_CHECK_INTERVAL_S = 0.25
@@ -179,6 +183,26 @@ class _MemoryCap:
         return uss if uss > self.cap else None
 
 
+def _receive_descriptors(sock: socket.socket, count: int) -> None:
+    """The shared lists' descriptors, sent beside the arguments (memory/descriptors.py)."""
+    fds: list[int] = []
+    while len(fds) < count:
+        _, got, flags, _ = socket.recv_fds(sock, 1, channel.MAX_FDS)
+        fds.extend(got)
+        if flags & socket.MSG_CTRUNC or not got:
+            descriptors.install(fds)
+            descriptors.close_unused()
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            raise OSError(
+                errno.EMFILE,
+                f"the worker received {len(fds)} of the {count} descriptors of the "
+                f"dataset's SharedLists: it may have {soft} open files (ulimit -n; the hard "
+                f"limit is {hard}). Raise the limit, or use fewer SharedLists (one list of "
+                "records rather than one SharedList per column)",
+            )
+    descriptors.install(fds)
+
+
 def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
     """Entry point of a worker process."""
     # Ctrl-C goes to the whole process group; the parent decides how workers stop.
@@ -190,10 +214,14 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
         return  # the parent is gone already
     status = WorkerStatus(fds[0])
     try:
+        _receive_descriptors(sock, deferred.descriptors)
         cfg: WorkerConfig = deferred.get()
+        descriptors.close_unused()
     except BaseException as exc:
         type_name, text = describe_exception(exc)
-        conn.send(StartFailed(type_name=type_name, text=text, traceback=format_traceback(exc)))
+        channel.send(
+            sock, StartFailed(type_name=type_name, text=text, traceback=format_traceback(exc))
+        )
         return
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     stopped = threading.Event()
@@ -239,7 +267,7 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
     iteration_end = False
     cap = _MemoryCap(cfg.max_memory_bytes) if cfg.max_memory_bytes is not None else None
     try:
-        conn.send(Ready(pid=os.getpid(), preload_missing=_preload_missing(cfg.preload)))
+        channel.send(sock, Ready(pid=os.getpid(), preload_missing=_preload_missing(cfg.preload)))
         while True:
             msg = inbox.get()
             if isinstance(msg, Stop):
@@ -261,23 +289,23 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
             arena.release(msg.freed)
             if init_error is not None or fetcher is None:
                 error, where = init_error or (RuntimeError("no fetcher"), "")
-                conn.send(_failure(msg.task_id, error, where))
+                channel.send(sock, _failure(msg.task_id, error, where))
                 continue
             if iteration_end:
-                conn.send(Exhausted(msg.task_id))
+                channel.send(sock, Exhausted(msg.task_id))
                 continue
             status.begin(msg.task_id)
             if seeder is not None:
                 seeder.epoch = msg.epoch
             iteration_end = _run_task(
-                msg, fetcher, arena, conn, sock, cfg.dataset_kind, status,
+                msg, fetcher, arena, sock, cfg.dataset_kind, status,
                 cfg.dataset if cfg.stateful_stream else None,
             )
             status.end()
             if cap is not None:
                 uss = cap.exceeded()
                 if uss is not None:
-                    conn.send(Retire(uss))
+                    channel.send(sock, Retire(uss))
                     break
     except (BrokenPipeError, ConnectionResetError, EOFError):
         pass  # the parent closed our pipe: it is shutting down
@@ -287,8 +315,8 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
 
 
 def _run_task(
-    task: Task, fetcher: Fetcher, arena: Arena, conn: Connection, sock: socket.socket,
-    kind: int, status: WorkerStatus, stateful: Any,
+    task: Task, fetcher: Fetcher, arena: Arena, sock: socket.socket, kind: int,
+    status: WorkerStatus, stateful: Any,
 ) -> bool:
     """Run one task and send its outcome; True when the dataset's stream has ended."""
     began = time.perf_counter()
@@ -297,38 +325,42 @@ def _run_task(
         data = fetcher.fetch(task.indices)
     except AllSkipped:
         arena.end_task(sent=False)
-        conn.send(Empty(task.task_id, tuple(fetcher.skipped)))
+        channel.send(sock, Empty(task.task_id, tuple(fetcher.skipped)))
         return False
     except StopIteration as exc:
         arena.end_task(sent=False)
         if kind == ITERABLE:
-            conn.send(Exhausted(task.task_id, tuple(fetcher.skipped)))
+            channel.send(sock, Exhausted(task.task_id, tuple(fetcher.skipped)))
             return True
-        conn.send(_failure(task.task_id, exc, fetcher.where))
+        channel.send(sock, _failure(task.task_id, exc, fetcher.where))
         return False
     except Exception as exc:
         arena.end_task(sent=False)
-        conn.send(_failure(task.task_id, exc, fetcher.where))
+        channel.send(sock, _failure(task.task_id, exc, fetcher.where))
         return False
     status.fields[STAGE] = SENDING
     try:
         payload = arena.pack(data) if HAVE_MEMFD else ForkingPickler.dumps(data)
     except Exception as exc:
         arena.end_task(sent=False)
-        conn.send(_failure(task.task_id, exc, "while sending the batch to the main process"))
+        where = "while sending the batch to the main process"
+        channel.send(sock, _failure(task.task_id, exc, where))
         return False
     del data
     try:
         state = pickle.dumps(stateful.state_dict()) if stateful is not None else None
     except Exception as exc:  # user code: reported like the dataset's own errors
         arena.end_task(sent=False)
-        conn.send(_failure(task.task_id, exc, "while saving the stream's position (state_dict())"))
+        where = "while saving the stream's position (state_dict())"
+        channel.send(sock, _failure(task.task_id, exc, where))
         return False
     used, new, retired = arena.end_task(sent=True)
-    conn.send(
+    fds = announce(new)
+    channel.send(
+        sock,
         Done(
             task_id=task.task_id,
-            payload=bytes(payload),
+            payload=arena.seal(payload) if HAVE_MEMFD else bytes(payload),
             segments=used,
             new_segments=tuple(NewSegment(s.segment_id, s.nbytes) for s in new),
             retired=retired,
@@ -336,8 +368,8 @@ def _run_task(
             stream_state=state,
             samples=fetcher.count,
             load_s=time.perf_counter() - began,
-        )
+        ),
+        fds,
     )
-    if new:
-        send_segments(sock, new)
+    announced(new)
     return False

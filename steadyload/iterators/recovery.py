@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .. import _system, diagnosis
+from .. import _system, diagnosis, limits
+from ..engine.events import Died, ServerDied, ServerGone
 from ..engine.fetch import ITERABLE
 from ..engine.status import IDLE, LOADING, STAGES, Progress
-from ..engine.supervisor import Died, Supervisor
+from ..engine.supervisor import Supervisor
 from ..report import RestartReport, RunRecord, SkippedSample
 from .common import flat_indices
 from .tasks import EMPTY, EpochTable, TaskEntry
@@ -100,52 +100,14 @@ class Recovery:
     _progress: EpochProgress
     record: RunRecord
 
-    def _note_arrival(self, task_id: int) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # Outcomes' method: declared, never a stub that could shadow it
+        def _note_arrival(self, task_id: int) -> None: ...
 
     def _held_by(self, worker_id: int) -> list[tuple[int, TaskEntry]]:
         return sorted(
             (tid, t) for tid, t in self._epoch.tasks.items()
             if t.worker_id == worker_id and not t.has_outcome
         )
-
-    def _next_hang_deadline(self) -> float | None:
-        limit = self._opts.hang_timeout
-        if limit is None or self._supervisor is None:
-            return None
-        soonest = None
-        for worker_id in range(self._num_workers):
-            progress = self._supervisor.progress(worker_id)
-            if progress is None or worker_id in self._hung:
-                continue
-            if progress.stage == IDLE:
-                # It may start a task right after this look, without a message to wake us;
-                # such a task cannot be overdue before now + limit, so look again then.
-                at = time.monotonic() + limit
-            else:
-                at = progress.started_ns / 1e9 + limit
-            soonest = at if soonest is None else min(soonest, at)
-        return soonest
-
-    def _check_hangs(self) -> None:
-        limit = self._opts.hang_timeout
-        if limit is None or self._supervisor is None:
-            return
-        now_ns = time.monotonic_ns()
-        for worker_id in range(self._num_workers):
-            progress = self._supervisor.progress(worker_id)
-            if progress is None or progress.stage == IDLE or worker_id in self._hung:
-                continue
-            if now_ns - progress.started_ns < limit * 1e9:
-                continue
-            stack = self._supervisor.dump_stack(worker_id)
-            self._hung[worker_id] = (progress.task_id, stack)
-            _LOG.info(
-                "worker %d (pid %s) has run task %d for more than hang_timeout=%s s; its "
-                "stack:\n%s", worker_id, self._supervisor.pid(worker_id), progress.task_id,
-                limit, stack,
-            )
-            self._supervisor.kill(worker_id)  # its death arrives as a Died event
 
     def _on_died(self, worker_id: int, died: Died) -> None:
         assert self._supervisor is not None
@@ -254,8 +216,65 @@ class Recovery:
             len(rerun), "" if len(rerun) == 1 else "es", "is" if len(rerun) == 1 else "are",
         )
         self.record.restarts.append(RestartReport(worker_id, died.pid, cause, sample, len(rerun)))
-        self._supervisor.respawn(worker_id)
+        self._restart_worker(worker_id)
+
+    def _restart_worker(self, worker_id: int) -> None:
+        """A fresh process for ``worker_id``, given the tasks it held, in order."""
+        assert self._supervisor is not None
+        try:
+            self._supervisor.respawn(worker_id)
+        except ServerGone as gone:  # the fork server died under the respawn
+            self._on_server_died(gone.event, also=(worker_id,))
+            return
         if worker_id in self._stream_state:
             self._supervisor.send_restore(worker_id, self._stream_state[worker_id])
-        for tid, task in rerun:
+        for tid, task in self._held_by(worker_id):
             self._supervisor.send_task(worker_id, tid, task.indices, self._progress.epoch)
+
+    def _on_server_died(self, died: ServerDied, also: tuple[int, ...] = ()) -> None:
+        """The fork server died with its workers: one event, one restart, no sample blamed.
+
+        Every worker it took (and ``also``, a worker whose respawn it broke) is started
+        again from a new server, with the same preloads, and re-runs its tasks in order.
+        """
+        assert self._supervisor is not None
+        workers = sorted({w for w, _, _ in died.workers} | set(also))
+        held = {w: self._held_by(w) for w in workers}
+        batches = sum(len(h) for h in held.values())
+        for w in workers:
+            self._hung.pop(w, None)
+            self._retiring.pop(w, None)
+        self._stale = {t: w for t, w in self._stale.items() if w not in workers}
+
+        def error(outcome: str) -> BaseException:
+            return limits.server_died(
+                method=died.method, pid=died.pid, exitcode=died.exitcode,
+                worker_pids=[pid for _, pid, _ in died.workers], batches_held=batches,
+                outcome=outcome,
+            )
+
+        if self._dataset_kind == ITERABLE and not self._config.stateful_stream:
+            raise error(
+                "steadyload did not restart them: an IterableDataset's stream cannot be "
+                "replayed, so the batches they held would be lost."
+            )
+        if self._epoch.restarts >= self._opts.max_restarts:
+            raise error(
+                f"steadyload did not restart them: max_restarts={self._opts.max_restarts} "
+                "restarts were already used in this epoch."
+            )
+        self._epoch.restarts += 1  # one event, one restart
+        preload = self._supervisor.restart_server(died)
+        if preload:
+            self.record.preload = preload
+        name = diagnosis.signal_name(died.exitcode)
+        cause = f"the {died.method} died ({name or f'exit status {died.exitcode}'})"
+        _LOG.info(
+            "%s\nsteadyload started a new %s and %d replacement worker(s) (restart %d of %d "
+            "this epoch); the %d batch(es) they held are re-run in order.",
+            error(""), died.method, len(workers), self._epoch.restarts,
+            self._opts.max_restarts, batches,
+        )
+        self.record.restarts.append(RestartReport(-1, died.pid, cause, None, batches))
+        for w in workers:
+            self._restart_worker(w)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pickle
 
-from .. import diagnosis
+from .. import limits
 from ..engine.protocol import Failed
 from .common import add_note
 
@@ -45,6 +45,6 @@ def rebuild_exception(worker_id: int, pid: int | None, failed: Failed) -> BaseEx
         )
     add_note(exc, f"steadyload: raised in worker {worker_id} (pid {pid}) {failed.where}")
     if isinstance(exc, OSError) and exc.errno == 24:
-        add_note(exc, diagnosis.too_many_files_note())
+        add_note(exc, limits.too_many_files_note())
     exc.__cause__ = RemoteTraceback(failed.traceback)
     return exc

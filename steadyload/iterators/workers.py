@@ -14,6 +14,7 @@ import itertools
 import logging
 import multiprocessing.context
 import time
+from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -23,25 +24,28 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from .. import _system, diagnosis
 from ..checkpoint import Checkpoints, EpochProgress
 from ..engine.config import WorkerConfig
+from ..engine.events import ServerGone
 from ..engine.fetch import ITERABLE
-from ..engine.protocol import Empty, Exhausted, Failed, Ready, Retire, StartFailed
-from ..engine.supervisor import Died, Supervisor
+from ..engine.handles import WorkerView
+from ..engine.interrupts import held_interrupts, interrupts_allowed
+from ..engine.supervisor import Supervisor
 from ..epoch_order import stateful
-from ..memory.advice import check_copy_on_read, check_dataset_shm, check_in_flight, raise_fd_limit
+from ..memory.advice import check_copy_on_read, check_dataset_shm, raise_fd_limit
 from ..memory.sampler import MemorySampler
 from ..options import LoaderOptions
-from ..report import RunRecord, SkippedSample, WorkerReport, summarize_modules
+from ..report import RunRecord
 from ..start import guards
 from ..start.context import StartInfo
 from .common import DatasetError, EmptyBatches, SkipGuard, TimedNext, flat_indices
+from .hangs import Watchdog
+from .outcomes import Outcomes
 from .recovery import Recovery
 from .tasks import EMPTY, EpochTable, TaskEntry
-from .worker_errors import rebuild_exception
 
 _LOG = logging.getLogger(__name__)
 
 
-class WorkerIterator(TimedNext, Recovery, _BaseDataLoaderIter):
+class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIter):
     """num_workers>0: batches from steadyload's supervised worker processes."""
 
     def __init__(
@@ -98,6 +102,9 @@ class WorkerIterator(TimedNext, Recovery, _BaseDataLoaderIter):
         self._retiring: dict[int, int] = {}  # worker -> USS that passed max_worker_memory
         self._guard = SkipGuard()
         self._oom_kills = _system.cgroup_memory().oom_kills
+        self._stash: tuple[Any, TaskEntry] | None = None  # a batch held back by Ctrl-C
+        self._handing: tuple[Any, TaskEntry, Callable[[], None]] | None = None
+        self._views: list[WorkerView | None] = []
         self._start_workers()
         self._reset(loader, first_iter=True)
 
@@ -105,8 +112,14 @@ class WorkerIterator(TimedNext, Recovery, _BaseDataLoaderIter):
     def _start_workers(self) -> None:
         supervisor = Supervisor(self._ctx, self._config, self._num_workers)
         started = time.monotonic()
-        supervisor.start()
+        try:
+            supervisor.start()
+        except ServerGone as gone:  # found dead at the start: one restart, then as usual
+            supervisor.restart_server(gone.event)
+            supervisor = Supervisor(self._ctx, self._config, self._num_workers)
+            supervisor.start()
         self._supervisor = supervisor
+        self._views = supervisor.views
         self._memory = MemorySampler(supervisor.pids)
         self.record.memory = self._memory.snapshot
         _LOG.debug(
@@ -118,15 +131,29 @@ class WorkerIterator(TimedNext, Recovery, _BaseDataLoaderIter):
         memory = getattr(self, "_memory", None)
         if memory is not None:
             memory.stop()
-        if self._supervisor is not None:
-            self._supervisor.shutdown()
-            self._supervisor = None
+        supervisor = self._supervisor
+        if supervisor is not None:
+            try:
+                supervisor.shutdown()  # a held Ctrl-C is raised once it has finished
+            finally:
+                if supervisor.stopped:
+                    self._supervisor = None
+
+    @property
+    def _workers(self) -> list[WorkerView | None]:
+        """The worker processes, by worker id (as torch's iterator has them); they keep
+        their pid and exit code after the workers stopped."""
+        return list(self._views)
 
     def __del__(self) -> None:
         if getattr(self, "_supervisor", None) is not None:  # __init__ may have failed
             self._shutdown_workers()
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        with held_interrupts():  # a task recorded but never sent would wait forever
+            self._reset_epoch(loader, first_iter)
+
+    def _reset_epoch(self, loader: Any, first_iter: bool) -> None:
         super()._reset(loader, first_iter)
         self._progress: EpochProgress = self._checkpoints.begin_epoch(loader, self)
         if self._supervisor is None:
@@ -196,22 +223,40 @@ class WorkerIterator(TimedNext, Recovery, _BaseDataLoaderIter):
 
     # -- results -----------------------------------------------------------------------------
     def _next_data_timed(self) -> Any:
+        if self._supervisor is not None and not self._supervisor.running:
+            self._shutdown_workers()  # finish a teardown that was interrupted
         if self._error is not None:
             # Never resume silently after a fatal error: the lost batches would go unnoticed.
             raise self._error
+        failure: BaseException | None = None
         try:
-            return self._next_data_inner()
-        except StopIteration:
-            raise
+            # Ctrl-C only inside waits (see engine/interrupts.py); one that comes while a
+            # batch is being taken out gives the batch back for the next call: none is lost.
+            with held_interrupts(before_delivery=self._hold_back):
+                stash, self._stash = self._stash, None
+                data, task = stash if stash is not None else self._next_data_inner()
+                self._handing = (data, task, self._commit(task))
+            self._handing = None
+        except (StopIteration, KeyboardInterrupt):
+            raise  # after Ctrl-C the workers go on, as torch's do
         except DatasetError as wrapped:
-            raise wrapped.exc from wrapped.exc.__cause__
+            failure = wrapped.exc
         except BaseException as exc:
-            # Worker death, hang, time-out, KeyboardInterrupt: stop the workers now.
-            self._error = exc if not isinstance(exc, KeyboardInterrupt) else None
+            # Worker death, hang, time-out: stop the workers now.
+            self._error = exc
             self._shutdown_workers()
             raise
+        if failure is None:
+            return data
+        # Raised outside the handler: inside it, the exception's __context__ would be the
+        # wrapper that holds it, a cycle that keeps this iterator and its workers alive
+        # until the garbage collector runs.
+        try:
+            raise failure
+        finally:
+            del failure
 
-    def _next_data_inner(self) -> Any:
+    def _next_data_inner(self) -> tuple[Any, TaskEntry]:
         epoch = self._epoch
         while True:
             while epoch.rcvd < self._next_task_id:
@@ -232,7 +277,7 @@ class WorkerIterator(TimedNext, Recovery, _BaseDataLoaderIter):
             if task.has_outcome and self._can_deliver(task):
                 del epoch.tasks[epoch.rcvd]
                 epoch.rcvd += 1
-                return self._deliver(task)
+                return self._deliver(task), task
             while self._arrived:  # in_order=False: whatever came first
                 tid = self._arrived[0]
                 early = epoch.tasks.get(tid)
@@ -241,7 +286,7 @@ class WorkerIterator(TimedNext, Recovery, _BaseDataLoaderIter):
                 self._arrived.popleft()
                 if early is not None:
                     del epoch.tasks[tid]
-                    return self._deliver(early)
+                    return self._deliver(early), early
             if epoch.outstanding == 0 and not self._try_put_index(force=True):
                 # Only batches whose every sample was skipped, and nothing left to load.
                 raise self._guard.nothing_loaded()
@@ -255,15 +300,37 @@ class WorkerIterator(TimedNext, Recovery, _BaseDataLoaderIter):
     def _deliver(self, task: TaskEntry) -> Any:
         if task.outcome is EMPTY:
             self._release(task)
-            data = self._empty.make()
-        else:
-            data = self._process(task)
+            return self._empty.make()
+        return self._process(task)
+
+    def _commit(self, task: TaskEntry) -> Callable[[], None]:
+        """The batch of ``task`` is handed to the caller: it counts as yielded. Returns
+        what undoes that (a Ctrl-C at the last moment keeps the batch for the next call)."""
         progress = self._progress
+        yielded = (progress.yielded.prefix, set(progress.yielded.beyond))
+        stream, last = progress.streams.get(task.worker_id), progress.last_worker
         progress.yielded.mark(task.ordinal)
         if task.stream_state is not None:
             progress.streams[task.worker_id] = task.stream_state
         progress.last_worker = task.worker_id
-        return data
+
+        def undo() -> None:
+            progress.yielded.prefix, progress.yielded.beyond = yielded
+            if stream is not None:
+                progress.streams[task.worker_id] = stream
+            else:
+                progress.streams.pop(task.worker_id, None)
+            progress.last_worker = last
+
+        return undo
+
+    def _hold_back(self) -> None:
+        """Ctrl-C while a batch was being handed over: keep it for the next call."""
+        if self._handing is not None:
+            data, task, undo = self._handing
+            self._handing = None
+            undo()
+            self._stash = (data, task)
 
     def _collect(self, awaited: int) -> None:
         """Wait for worker events (or a hang) and record them in the task table."""
@@ -271,15 +338,15 @@ class WorkerIterator(TimedNext, Recovery, _BaseDataLoaderIter):
         timeout = self._timeout if self._timeout > 0 else None
         deadline = time.monotonic() + timeout if timeout else None
         while True:
-            wake = deadline
-            hang_at = self._next_hang_deadline()
-            if hang_at is not None:
-                wake = hang_at if wake is None else min(wake, hang_at)
+            wakes = [deadline, self._next_hang_deadline(), self._next_lost_check()]
+            wake = min((w for w in wakes if w is not None), default=None)
             remaining = None if wake is None else max(0.0, wake - time.monotonic())
-            events = self._supervisor.wait(remaining)
+            with interrupts_allowed():  # nothing is half-done while we wait
+                events = self._supervisor.wait(remaining)
             if events:
                 break
             self._check_hangs()
+            self._check_lost_results()
             if deadline is not None and time.monotonic() >= deadline:
                 task = self._epoch.tasks.get(awaited)
                 worker_id = task.worker_id if task else None
@@ -291,96 +358,6 @@ class WorkerIterator(TimedNext, Recovery, _BaseDataLoaderIter):
                 )
         for worker_id, event in events:
             self._on_event(worker_id, event)
-
-    def _on_event(self, worker_id: int, event: Any) -> None:
-        if isinstance(event, tuple):
-            done, batch = event
-            task = self._settle(done.task_id)
-            self._record_skips(done.skipped)
-            self._guard.delivered()
-            if done.stream_state is not None and task is not None:
-                self._stream_state[worker_id] = done.stream_state
-            if task is not None:
-                self.record.loaded(worker_id, done.samples, done.load_s)
-                task.outcome, task.has_outcome = batch, True
-                task.stream_state = done.stream_state
-                self._empty.learn(batch)
-                self._note_arrival(done.task_id)
-                if not self._checked_in_flight:
-                    self._checked_in_flight = True
-                    advice = check_in_flight(batch, self._prefetch_factor, self._num_workers)
-                    if advice:
-                        _LOG.warning(advice)
-        elif isinstance(event, Ready):
-            self._on_ready(worker_id, event)
-        elif isinstance(event, Died):
-            self._on_died(worker_id, event)
-        elif isinstance(event, Failed):
-            task = self._settle(event.task_id)
-            if task is not None:
-                pid = self._supervisor.pid(worker_id) if self._supervisor else None
-                task.outcome = rebuild_exception(worker_id, pid, event)
-                task.has_outcome = task.failed = True
-                self._note_arrival(event.task_id)
-        elif isinstance(event, Empty):
-            self._record_skips(event.skipped)
-            task = self._settle(event.task_id)
-            if task is not None:
-                task.outcome, task.has_outcome = EMPTY, True
-                self._note_arrival(event.task_id)
-        elif isinstance(event, Exhausted):
-            self._record_skips(event.skipped)
-            if self._settle(event.task_id) is not None:
-                self._active[worker_id] = False
-                self._try_put_index()
-        elif isinstance(event, Retire):
-            self._retiring[worker_id] = event.uss_bytes
-        elif isinstance(event, StartFailed):
-            assert self._supervisor is not None
-            pid = self._supervisor.pid(worker_id)
-            raise diagnosis.start_failed(
-                worker_id=worker_id, pid=pid, method=self._start_info.method,
-                type_name=event.type_name, text=event.text, traceback=event.traceback,
-            )
-        else:
-            raise RuntimeError(
-                f"[steadyload internal error] unexpected message {event!r} from worker "
-                f"{worker_id}; please report with the output of `steadyload doctor`"
-            )
-
-    def _note_arrival(self, task_id: int) -> None:
-        if not self._in_order:
-            self._arrived.append(task_id)
-
-    def _record_skips(self, skipped: tuple[SkippedSample, ...]) -> None:
-        self._guard.record(self.record, skipped)
-
-    def _on_ready(self, worker_id: int, ready: Ready) -> None:
-        assert self._supervisor is not None
-        asked = self._supervisor.started_at(worker_id)
-        start_s = self._supervisor.clock() - asked if asked is not None else None
-        record = self.record
-        record.workers[worker_id] = WorkerReport(worker_id, ready.pid, start_s)
-        record.ready_at.setdefault(worker_id, time.perf_counter())  # a replacement continues
-        if ready.preload_missing and record.preload_missing is None:
-            _LOG.warning(
-                "the fork server could not import %s (CPython skips failed preloads "
-                "silently); every worker imports them itself, which is slower",
-                summarize_modules(ready.preload_missing),
-            )
-        if ready.preload_missing is not None:
-            record.preload_missing = ready.preload_missing
-
-    def _settle(self, task_id: int) -> TaskEntry | None:
-        """An outcome for ``task_id`` arrived: the task, or None if it is stale."""
-        if task_id in self._stale:
-            del self._stale[task_id]
-            return None
-        task = self._epoch.tasks.get(task_id)
-        if task is not None and not task.has_outcome:
-            self._epoch.outstanding -= 1
-            return task
-        return None
 
     def _release(self, task: TaskEntry) -> None:
         self._per_worker[task.worker_id] -= 1

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from multiprocessing import context, reduction
 from typing import Any, cast, overload
 
+from . import descriptors
 from . import layout as _layout
 
 _HEADER = struct.Struct("<8sQQQQ")  # magic, count, layout length, offsets at (0: none), data at
@@ -147,7 +148,11 @@ class SharedList(Sequence[Any]):
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         if context.get_spawning_popen() is not None:
-            # Starting a worker: send the file descriptor, not the records.
+            # Starting a worker: send the file descriptor, not the records; beside the
+            # worker's arguments when steadyload starts it (any number: descriptors.py).
+            index = descriptors.collect(self._fd)
+            if index is not None:
+                return (_rebuild_from_table, (index,))
             return (_rebuild_shared, (reduction.DupFd(self._fd),))
         # Any other pickling (torch.save, a queue): the records themselves.
         return (SharedList, (list(self),))
@@ -216,7 +221,14 @@ def _attach(fd: int, mm: mmap.mmap) -> SharedList:
 
 
 def _rebuild_shared(dupfd: Any) -> SharedList:
-    fd = dupfd.detach()
+    return _map(dupfd.detach())
+
+
+def _rebuild_from_table(index: int) -> SharedList:
+    return _map(descriptors.take(index))
+
+
+def _map(fd: int) -> SharedList:
     mm = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
     return _attach(fd, mm)
 

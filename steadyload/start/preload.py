@@ -24,10 +24,13 @@ PROBE = "steadyload.start.server_hooks.probe"  # last: records what the server i
 # not un-share the server's pages (35 MiB per worker after one full collection, measured).
 FREEZE = "steadyload.start.server_hooks.freeze"
 PATH = "steadyload.start.server_hooks.path"  # first: gives the server this process's sys.path
-# Imported by the parent, but not to be imported by a fork server (GPU or UI state).
+# Imported by the parent, but not to be imported by a fork server (GPU or UI state, or a
+# runtime's own machinery: in a Ray Train actor, Ray's ~700 modules made the fork server's
+# first batch 3.2-5.5 s instead of 2.5-3.3 s, 370 instead of 316 MiB, and no dataset needs
+# them; see docs/design/integrations.md#ray-train).
 _NEVER_PRELOAD = frozenset(
     {"tensorflow", "jax", "jaxlib", "cupy", "pycuda", "IPython", "ipykernel", "pytest",
-     "_pytest", "pdb", "tkinter", "matplotlib", "multiprocess", "steadyload"}
+     "_pytest", "pdb", "tkinter", "matplotlib", "multiprocess", "steadyload", "ray"}
 )
 
 _preload_lock = threading.Lock()
@@ -72,6 +75,7 @@ def ensure_forkserver(extra_modules: tuple[str, ...]) -> tuple[str, ...]:
     with _preload_lock:
         server = forkserver._forkserver  # the process-wide singleton
         was_running = forkserver_running()
+        previous = server._forkserver_pid  # type: ignore[attr-defined]  # private
         wanted = tuple(
             dict.fromkeys(
                 m for m in (PATH, *ALWAYS_PRELOAD, *extra_modules, PROBE) if _importable(m)
@@ -92,6 +96,9 @@ def ensure_forkserver(extra_modules: tuple[str, ...]) -> tuple[str, ...]:
         pid = server._forkserver_pid  # type: ignore[attr-defined]  # private
         if not was_running:
             _started_by_us[pid] = wanted
+        elif pid != previous and previous in _started_by_us:
+            # CPython restarted a dead server with the preload list steadyload had set.
+            _started_by_us[pid] = _started_by_us.pop(previous)
         # A server started earlier has the preloads of that time (ours, or unknown).
         return _started_by_us.get(pid, ())
 

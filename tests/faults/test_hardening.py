@@ -21,6 +21,7 @@ import steadyload as sl
 from steadyload.errors import (
     MainGuardError,
     NotPicklableError,
+    SharedMemoryError,
     SkipLimitError,
     SteadyloadError,
     UnsafeForkError,
@@ -50,6 +51,8 @@ ERRORS = [
     lambda: NotPicklableError("nope", path="dataset.conn"),
     lambda: MainGuardError("guard"),
     lambda: SkipLimitError("skipped", first_index=9, first_error="KeyError: 9"),
+    lambda: SharedMemoryError("fds", worker_id=1, errno=24, where="main process",
+                              evidence={"open_fds": 1024}),
 ]
 
 

@@ -30,6 +30,8 @@ LAYERS = [
     "steadyload.start",
     "steadyload.memory",
     "steadyload.diagnosis",
+    "steadyload.limits",
+    "steadyload.describe",
     "steadyload.report",
     "steadyload.pickling",
     "steadyload.per_worker",

@@ -17,6 +17,7 @@ DOCUMENTED = [
     "NotPicklableError",
     "SharedDict",
     "SharedList",
+    "SharedMemoryError",
     "SkipLimitError",
     "SteadyloadError",
     "UnsafeForkError",
@@ -57,7 +58,7 @@ def test_signature_is_torchs_positionally_then_keyword_only_extras() -> None:
 def test_error_hierarchy() -> None:
     for name in (
         "WorkerDiedError", "WorkerHangError", "WorkerStartError", "UnsafeForkError",
-        "MainGuardError",
+        "MainGuardError", "SharedMemoryError",
     ):
         cls = getattr(steadyload, name)
         assert issubclass(cls, steadyload.SteadyloadError) and issubclass(cls, RuntimeError)

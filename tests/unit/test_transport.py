@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import default_collate
 from torch.utils.data._utils import worker as torch_worker
 
-from steadyload.engine import transport
+from steadyload.engine import channel, transport
 from steadyload.engine.protocol import NewSegment
 from steadyload.engine.transport import Arena, SegmentMap
 
@@ -26,6 +26,7 @@ class Pair:
         self.arena = Arena(worker_id=0)
         self.segments = SegmentMap()
         self.worker_sock, self.parent_sock = socket.socketpair()
+        self.reader = channel.Reader(self.parent_sock)
 
     def ship(self, make_batch: Any) -> tuple[Any, tuple[int, ...], int]:
         """Run one task: returns (rebuilt batch, its segment ids, new segments sent)."""
@@ -33,10 +34,12 @@ class Pair:
         payload = self.arena.pack(make_batch())
         used, new, retired = self.arena.end_task(sent=True)
         if new:
-            transport.send_segments(self.worker_sock, new)
+            channel.send(self.worker_sock, "segments", transport.announce(new))
+            transport.announced(new)
+            assert self.reader.read() == ["segments"]
             self.segments.receive(
-                self.parent_sock,
                 tuple(NewSegment(s.segment_id, s.nbytes) for s in new),
+                self.reader.take_fds(len(new)),
             )
         self.segments.retire(retired)
         return self.segments.unpack(payload, used), used, len(new)

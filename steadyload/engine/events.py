@@ -1,0 +1,65 @@
+"""What the supervisor reports besides workers' messages: deaths and failures to receive.
+
+`Supervisor.wait` returns ``(worker_id, event)`` pairs; these are the events the parent
+itself observed (the workers' own messages are in protocol.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .status import Progress
+
+
+@dataclass(frozen=True, slots=True)
+class Died:
+    """Event: the worker process exited, with what the parent knows about its last moments."""
+
+    exitcode: int | None
+    pid: int | None
+    progress: Progress | None = None
+    stacks: str = ""
+    """What faulthandler wrote: a native crash's stack, or a hang dump."""
+    libraries: tuple[str, ...] = ()
+    """Crash-prone native libraries the worker had loaded."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerDied:
+    """Event (worker id -1): the fork server (or zygote) the workers come from has exited.
+
+    Every worker started by it is reported gone at once (their exit codes, which only the
+    server knew, are lost); none of them is a `Died` of its own.
+    """
+
+    method: str
+    """"forkserver" or "zygote"."""
+    pid: int
+    exitcode: int | None
+    """Its exit code (negative: the signal); None when unknown (reaped by someone else)."""
+    workers: tuple[tuple[int, int | None, Progress | None], ...]
+    """(worker id, pid, what it was doing) of each worker it took with it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveFailed:
+    """Event: a worker's message (and the batch in it) could not be received here.
+
+    ``errno`` EMFILE/ENFILE: this process ran out of file descriptors (the kernel dropped
+    the ones the batch's new segments came with); ENOMEM: mapping a segment failed (out of
+    memory mappings, ``vm.max_map_count``, or address space).
+    """
+
+    task_id: int | None
+    errno: int
+    detail: str
+    segments: int
+    """How many new shared-memory segments the message brought (descriptors needed)."""
+
+
+class ServerGone(Exception):
+    """Internal: a worker could not start because its fork server died; carries the event."""
+
+    def __init__(self, event: ServerDied) -> None:
+        super().__init__(f"the {event.method} (pid {event.pid}) died")
+        self.event = event

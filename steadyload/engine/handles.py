@@ -1,0 +1,161 @@
+"""The parent's handle on one worker process: its channel, mappings, status block and pidfd;
+and `WorkerView`, what ``iterator._workers`` shows of it (as torch's iterators do).
+
+A handle is torn down in steps that can each be repeated (`request_stop`, `finish`), so an
+interrupted teardown resumes where it stopped (docs/design/shutdown.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+from multiprocessing.process import BaseProcess
+
+from . import channel
+from .protocol import Stop
+from .status import StatusBlock
+from .transport import SegmentMap
+
+
+def _pidfd(pid: int | None) -> int | None:
+    # A pidfd names the process itself, also after its parent (the fork server) died and it
+    # was re-parented: killing through it never hits a recycled pid. Linux >= 5.3.
+    if pid is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:  # already gone
+        return None
+
+
+class WorkerView:
+    """One worker process as torch's ``iterator._workers`` shows it: pid, exit code, liveness.
+
+    Stays valid after the workers were stopped (the exit code is kept). Libraries and
+    torch's tests read it; steadyload itself does not.
+    """
+
+    def __init__(self, worker_id: int, process: BaseProcess) -> None:
+        self.worker_id = worker_id
+        self.name = process.name
+        self.pid = process.pid
+        self._process: BaseProcess | None = process
+        self._exitcode: int | None = None
+
+    @property
+    def exitcode(self) -> int | None:
+        """The exit code (negative: killed by that signal); None while it runs."""
+        if self._process is not None:
+            return self._process.exitcode
+        return self._exitcode
+
+    def is_alive(self) -> bool:
+        """Whether the process is still running."""
+        return self.exitcode is None
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait at most ``timeout`` seconds for the process to exit. [Unit: second]"""
+        if self._process is not None:
+            self._process.join(timeout)
+
+    def terminate(self) -> None:
+        """Send SIGTERM (a replacement is started, as for any death)."""
+        if self._process is not None and self.exitcode is None:
+            self._process.terminate()
+
+    def kill(self) -> None:
+        """Send SIGKILL (a replacement is started, as for any death)."""
+        if self._process is not None and self.exitcode is None:
+            self._process.kill()
+
+    def reaped(self, exitcode: int | None) -> None:
+        """The supervisor closed the process object; keep what it said."""
+        self._exitcode = exitcode
+        self._process = None
+
+    def __repr__(self) -> str:
+        return f"<steadyload worker {self.worker_id} pid {self.pid} exitcode {self.exitcode}>"
+
+
+class Handle:
+    """One worker process and the parent's end of its socket."""
+
+    __slots__ = (
+        "worker_id", "process", "reader", "segments", "pid", "started_at", "status", "pidfd",
+        "view", "stop_sent", "closed",
+    )
+
+    def __init__(
+        self, worker_id: int, process: BaseProcess, sock: socket.socket, started_at: float,
+        status: StatusBlock,
+    ) -> None:
+        self.worker_id = worker_id
+        self.started_at = started_at
+        self.status = status
+        self.process = process
+        self.pid = process.pid
+        self.reader = channel.Reader(sock)
+        self.segments = SegmentMap()
+        self.pidfd = _pidfd(process.pid)
+        self.view = WorkerView(worker_id, process)
+        self.stop_sent = False
+        self.closed = False
+
+    def send(self, msg: object, timeout_s: float = 10.0) -> bool:
+        """Send ``msg``; False when the worker is gone or stopped reading (its death, or the
+        kill that follows, is reported by the sentinel). [Unit: second]"""
+        if self.closed:
+            return False
+        try:
+            channel.send_bounded(self.reader.sock, msg, timeout_s)
+            return True
+        except (channel.ChannelClosed, channel.ChannelStuck, OSError):
+            return False
+
+    def request_stop(self) -> None:
+        """Ask the worker to stop and close the parent's end (each done once)."""
+        if not self.stop_sent:
+            self.stop_sent = True
+            self.send(Stop(), timeout_s=0.5)
+        self.close_channels()
+
+    def close_channels(self) -> None:
+        """Close the socket, the mappings and the status block (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        for closer in (self.reader.close, self.segments.close, self.status.close):
+            with contextlib.suppress(OSError):
+                closer()
+
+    def really_exited(self) -> bool:
+        """Whether the process is gone. Under forkserver the exit code comes from the fork
+        server, which reports 255 for all its workers when it dies itself, live or not."""
+        if self.pidfd is None:
+            return self.process.exitcode is not None
+        readable, _, _ = select.select([self.pidfd], [], [], 0)
+        return bool(readable)
+
+    def kill_orphan(self, wait_s: float = 2.0) -> None:
+        """SIGKILL the process if it still runs though its exit was reported (its fork
+        server died), and wait at most ``wait_s`` for it. [Unit: second]"""
+        if self.pidfd is None or self.really_exited():
+            return
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        select.select([self.pidfd], [], [], wait_s)
+
+    def finish(self) -> None:
+        """Release the process object and the pidfd, keeping the exit code for `view`."""
+        exitcode = self.process.exitcode
+        with contextlib.suppress(ValueError):
+            self.process.join(0)
+            self.process.close()  # releases the sentinel's descriptor now, not at GC
+        self.view.reaped(exitcode)
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = None

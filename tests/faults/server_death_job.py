@@ -1,0 +1,55 @@
+"""A training-like loop whose fork server dies mid-epoch; prints what it saw as JSON.
+
+Run by tests/faults/test_server_death.py in a session of its own (so that a SIGTERM to
+the process group reaches only this job): ``python server_death_job.py kill|term``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from multiprocessing import forkserver
+
+import psutil
+
+import steadyload as sl
+from tests.adversarial import Sleepy
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+if __name__ == "__main__":
+    how = sys.argv[1]
+    if how == "term":
+        # A trainer that handles SIGTERM (to save a checkpoint) survives the group's signal.
+        signal.signal(signal.SIGTERM, lambda *_: None)
+    loader = sl.DataLoader(Sleepy(48, 0.05), batch_size=2, num_workers=4, max_restarts=3)
+    it = iter(loader)
+    got = next(it).tolist()
+    server = forkserver._forkserver._forkserver_pid
+    workers = [w.pid for w in it._workers]
+    preload_before = len(loader.report().preload_requested)
+    if how == "kill":
+        os.kill(server, signal.SIGKILL)
+    else:  # while the loop waits in next(): the race that surfaced a raw EOFError
+        threading.Timer(0.2, os.killpg, (os.getpgid(0), signal.SIGTERM)).start()
+    for batch in it:
+        got += batch.tolist()
+    report = loader.report()
+    print(json.dumps({
+        "got": got,
+        "restarts": [[r.worker_id, r.cause, r.sample, r.batches_rerun] for r in report.restarts],
+        "server": server,
+        "new_server": forkserver._forkserver._forkserver_pid,
+        "old_workers_alive": [p for p in workers if _alive(p)],
+        "preload_before": preload_before,
+        "preload_after": len(report.preload_requested),
+    }))

@@ -1,0 +1,130 @@
+"""Ctrl-C and teardown: no batch lost or repeated, no worker outliving its iterator.
+
+Real SIGINTs to this process (with Python's default handler installed, as in a terminal);
+see engine/interrupts.py and docs/design/shutdown.md.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import steadyload as sl
+from steadyload.engine import handles
+from steadyload.iterators.workers import WorkerIterator
+from tests.adversarial import FailsAt, Hog, Sleepy
+from tests.conftest import processes_gone, wait_until
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_raises() -> Iterator[None]:
+    # A shell that starts a job in the background makes it ignore SIGINT; in a terminal
+    # Ctrl-C raises KeyboardInterrupt: make this process behave like the latter.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_while_a_batch_is_taken_out_keeps_that_batch_for_the_next_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    commit = WorkerIterator._commit
+    interrupted = []
+
+    def commit_after_ctrl_c(self: WorkerIterator, task: Any) -> Callable[[], None]:
+        if not interrupted:  # a real SIGINT, in the last window before the batch is returned
+            interrupted.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+        return commit(self, task)
+
+    monkeypatch.setattr(WorkerIterator, "_commit", commit_after_ctrl_c)
+    loader = sl.DataLoader(Sleepy(10, 0.01), batch_size=2, num_workers=2)
+    got = []
+    it = iter(loader)
+    with pytest.raises(KeyboardInterrupt):
+        got.append(next(it).tolist())
+    got += [b.tolist() for b in it]
+    assert got == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # the held batch came next, once
+    assert interrupted == [True]
+
+
+def test_ctrl_c_twice_during_teardown_still_stops_every_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    request_stop = handles.Handle.request_stop
+    pressed = []
+
+    def stop_and_press_ctrl_c_twice(self: handles.Handle) -> None:
+        if not pressed:  # teardown has begun: two real Ctrl-C while a worker is busy in C
+            pressed.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        request_stop(self)
+
+    monkeypatch.setattr(handles.Handle, "request_stop", stop_and_press_ctrl_c_twice)
+    # Worker 0 dies at sample 0 (max_restarts=0: fatal, so the workers are stopped);
+    # worker 1 holds the GIL in C at sample 1, so it cannot see the Stop.
+    loader = sl.DataLoader(Hog(8, kill_at=0, hog_at=1), batch_size=1, num_workers=2,
+                           max_restarts=0)
+    it = iter(loader)
+    pids = [w.pid for w in it._workers]
+    with pytest.raises(KeyboardInterrupt) as info:
+        next(it)
+    assert pressed == [True]
+    assert isinstance(info.value.__context__, sl.WorkerDiedError)  # what was being handled
+    assert processes_gone(pids), "a worker outlived the interrupted teardown"
+    assert it._supervisor is None
+    with pytest.raises(sl.WorkerDiedError):  # the error again, never "handle is closed"
+        next(it)
+
+
+def test_a_teardown_that_failed_half_way_finishes_on_the_next_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    finish = handles.Handle.finish
+    failed = []
+
+    def finish_fails_once(self: handles.Handle) -> None:
+        if not failed:
+            failed.append(self.worker_id)
+            raise RuntimeError("teardown broke here")
+        finish(self)
+
+    loader = sl.DataLoader(Sleepy(8, 0.01), batch_size=2, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    pids = [w.pid for w in it._workers]
+    monkeypatch.setattr(handles.Handle, "finish", finish_fails_once)
+    with pytest.raises(RuntimeError, match="teardown broke here"):
+        it._shutdown_workers()
+    assert it._supervisor is not None  # not done: kept to finish the job
+    monkeypatch.setattr(handles.Handle, "finish", finish)
+    it._shutdown_workers()
+    assert it._supervisor is None
+    wait_until(lambda: processes_gone(pids), 5, what="the workers to exit")
+
+
+@pytest.mark.parametrize("gc_enabled", [True, False], ids=["gc", "no-gc"])
+def test_workers_of_an_iterator_that_raised_go_when_the_loop_is_left(gc_enabled: bool) -> None:
+    loader = sl.DataLoader(FailsAt(40, bad=5), batch_size=1, num_workers=2)
+    was_enabled = gc.isenabled()
+    if not gc_enabled:
+        gc.disable()
+    try:
+        pids: list[int] = []
+        try:
+            for _batch in (it := iter(loader)):
+                pids = pids or [w.pid for w in it._workers]
+        except ValueError:
+            pass
+        del it
+        # No reference cycle through the exception: refcounting alone frees the iterator.
+        wait_until(lambda: processes_gone(pids), 1.0, what="the workers to exit")
+    finally:
+        if was_enabled:
+            gc.enable()
