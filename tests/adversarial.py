@@ -196,3 +196,82 @@ class ManyShared(Dataset[Any]):
 
     def expected(self, i: int) -> Any:
         return (f"c0-r{i}", f"c{len(self.columns) - 1}-r{i}", len(self.columns))
+
+
+class LabelledImages(Dataset[Any]):
+    """``(image, label)``: one cached 3x224x224 float32 image (32 of them: a 19 MB batch)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.image = torch.rand(3, 224, 224)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return self.image, i
+
+
+class ImageAndRaw(Dataset[Any]):
+    """``{"image": 3x224x224, "raw": 3x448x448}`` float32, filled with the index: a batch
+    with one tensor a loop may keep beside a four times bigger neighbour."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return {"image": torch.full((3, 224, 224), float(i)),
+                "raw": torch.full((3, 448, 448), float(i))}
+
+
+class Aliased(Dataset[Any]):
+    """``{"a": t, "b": t, "view": t[2:4]}``: one tensor twice and a view of it (``size``
+    elements: small ones travel inline, big ones in shared memory)."""
+
+    def __init__(self, n: int, size: int) -> None:
+        self.n, self.size = n, size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        t = torch.arange(float(self.size)) + i
+        return {"a": t, "b": t, "view": t[2:4]}
+
+
+class Rows(Dataset[Any]):
+    """Rows of one 16 MiB tensor (256 KiB each), as a TensorDataset returns them."""
+
+    def __init__(self) -> None:
+        self.x = torch.arange(64.0).repeat_interleave(1 << 16).reshape(64, 1 << 16)
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> Any:
+        return self.x[i]
+
+
+def as_list(samples: list[Any]) -> list[Any]:
+    """A collate_fn that collates nothing: the samples as they came."""
+    return samples
+
+
+def collate_with_views(samples: list[Any]) -> Any:
+    """default_collate's batch and two views of it (a storage already in shared memory)."""
+    from torch.utils.data import default_collate
+
+    x = default_collate(samples)
+    return x, x[1:3], x.t()
+
+
+def low_fd_limit(worker_id: int) -> None:
+    """worker_init_fn: leave the worker no free descriptor (it can create no segment)."""
+    import os
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 1, hard))

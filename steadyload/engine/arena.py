@@ -1,4 +1,4 @@
-"""The worker's side of batches in shared memory: a pool of memfd segments that collate writes into.
+"""The worker's side of batches in shared memory: memfd segments that collate writes into.
 
 While a batch is loaded, torch's collate asks for shared storage
 (``UntypedStorage._new_shared``, which default_collate calls inside workers); the worker's
@@ -15,6 +15,7 @@ descriptors and mappings stay bounded whatever the user keeps. docs/design/shm.m
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
@@ -197,11 +198,10 @@ class Arena:
                 return seg.segment_id, ptr - seg.addr
         return None
 
-    def place(self, data: torch.Tensor) -> tuple[int, int]:
-        """Copy the 1-D uint8 ``data`` into this batch's segments: (segment id, offset)."""
-        n = data.numel()
-        seg, offset = self.alloc(n)
-        torch.from_numpy(np.frombuffer(seg.mm, np.uint8, n, offset)).copy_(data)
+    def place(self, address: int, nbytes: int) -> tuple[int, int]:
+        """Copy ``nbytes`` at ``address`` into this batch's segments: (segment id, offset)."""
+        seg, offset = self.alloc(nbytes)
+        ctypes.memmove(seg.addr + offset, address, nbytes)
         return seg.segment_id, offset
 
     def pack(self, data: Any) -> bytes:
@@ -235,7 +235,7 @@ class Arena:
         used = tuple(s.segment_id for s in task) if sent else ()
         return used, new, retired
 
-    def seal(self, payload: bytes) -> bytes:
+    def seal(self, payload: bytes | memoryview) -> bytes:
         """The payload `pack` made, finished after `end_task`: what the parent unpacks."""
         return storage_table.seal(payload, self._ends, self._pinned)
 

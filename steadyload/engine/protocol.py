@@ -1,10 +1,10 @@
 """Messages between the supervisor (parent) and a worker (child).
 
-Each worker has one duplex pipe (a Unix socketpair) of its own. Parent -> worker: `Task`,
-`Reset`, `Restore`, `Stop`. Worker -> parent: `Ready`, `Done`, `Empty`,
-`Exhausted`, `Failed`, `Retire`, `StartFailed`. Shared
-memory segments that a `Done` announces travel right after it on the same socket as
-SCM_RIGHTS file descriptors (see `transport.py`). State diagram: docs/design/protocol.md.
+Each worker has one duplex Unix socketpair of its own (framing: `channel.py`). Parent ->
+worker: `Task`, `Reset`, `Restore`, `Stop`. Worker -> parent: `Ready`, `Done`, `Empty`,
+`Exhausted`, `Failed`, `Retire`, `StartFailed`. The shared-memory segments a `Done`
+announces ride with it as SCM_RIGHTS file descriptors, attached to its first byte (see
+`transport.py`). State diagram: docs/design/protocol.md.
 """
 
 from __future__ import annotations

@@ -4,12 +4,12 @@ Worker side, `pack` pickles the batch with each tensor replaced by ``("T", k)``:
 for the same tensor object, so ``a is b`` holds in the parent. After the dump the tensors
 are grouped by the storage they view. A storage already in shared memory (collate wrote it
 there) is sent in place, whole, as torch would. Any other storage is cut into clusters of
-the byte extents its tensors use (overlapping or within `_GAP` of each other): each cluster
-is copied once, so views of it stay views of one storage (the same offsets, writes seen by
-all) and a view of a huge storage costs only its cluster. A cluster of at most
-`INLINE_MAX` bytes travels inline in the payload (up to `INLINE_BUDGET` per batch): a
-small tensor then owns its memory in the parent, as under torch, instead of pinning a
-segment. docs/design/shm.md has the layout and the reasons.
+the byte extents its tensors use (overlapping, or apart by less than the tensor and than
+`_GAP`): each cluster is copied once, so views of it stay views of one storage (the same
+offsets, writes seen by all) and a view of a huge storage costs only its cluster. A
+cluster of at most `INLINE_MAX` bytes travels inline in the payload (up to `INLINE_BUDGET`
+per batch): a small tensor then owns its memory in the parent, as under torch, instead of
+pinning a segment. docs/design/shm.md has the layout and the reasons.
 
 Payload: ``[batch pickle][inline bytes][table pickle][pinned segment ids][trailer]``.
 """
@@ -17,7 +17,9 @@ Payload: ``[batch pickle][inline bytes][table pickle][pinned segment ids][traile
 from __future__ import annotations
 
 import array
+import ctypes
 import io
+import math
 import pickle
 import struct
 from typing import Any, NamedTuple, Protocol
@@ -31,7 +33,7 @@ INLINE_BUDGET = 1 << 20
 """Inline bytes per batch; clusters past it go to shared memory. [Unit: byte]"""
 INLINE = -1
 """The segment id of a storage whose bytes are inline."""
-_GAP = 64 << 10  # extents closer than this share one copy: fewer storages, little waste
+_GAP = 64 << 10  # extents at most this far apart may share one copy (fewer storages)
 _MAGIC = b"SLT\x01"  # a plain pickle ends with b"." (STOP): the two never mix up
 _TRAILER = struct.Struct("<QQQ4s")  # ends of the batch pickle, the inline bytes, the table
 
@@ -46,8 +48,8 @@ class Placement(Protocol):
     def find(self, ptr: int, nbytes: int) -> tuple[int, int] | None:
         """(segment id, offset) when ``[ptr, ptr + nbytes)`` is in this batch's segments."""
 
-    def place(self, data: torch.Tensor) -> tuple[int, int]:
-        """Copy the 1-D uint8 ``data`` into this batch's segments: (segment id, offset)."""
+    def place(self, address: int, nbytes: int) -> tuple[int, int]:
+        """Copy ``nbytes`` at ``address`` into this batch's segments: (segment id, offset)."""
 
 
 def eligible(t: torch.Tensor) -> bool:
@@ -93,7 +95,7 @@ def pack(data: Any, placement: Placement) -> tuple[bytes, tuple[int, int, int]]:
     return buf.getvalue(), (data_end, blob_end, buf.tell())
 
 
-def seal(body: bytes, ends: tuple[int, int, int], pinned: tuple[int, ...]) -> bytes:
+def seal(body: bytes | memoryview, ends: tuple[int, int, int], pinned: tuple[int, ...]) -> bytes:
     """The payload: ``body`` with the segments the worker still views, and the trailer."""
     return b"".join((body, array.array("q", pinned).tobytes(), _TRAILER.pack(*ends, _MAGIC)))
 
@@ -135,7 +137,7 @@ class _Layout:
             if where is not None:  # written by collate into shared memory: send in place
                 self._storage(where[0], where[1], nbytes, members, 0)
             else:
-                self._clusters(members)
+                self._clusters(ptr, members)
         return self.storages, self.tensor_rows
 
     def _storage(self, segment: int, offset: int, nbytes: int, members: list[int], lo: int) -> None:
@@ -143,46 +145,50 @@ class _Layout:
         self.storages.append((segment, offset, nbytes))
         for k in members:
             t = self._tensors[k]
-            size = t.element_size()
-            self.tensor_rows[k] = (
-                sid, t.dtype, tuple(t.shape), t.stride(), t.storage_offset() - lo // size,
-            )
+            first = int(t.storage_offset()) - lo // t.element_size()
+            self.tensor_rows[k] = (sid, t.dtype, tuple(t.shape), t.stride(), first)
 
-    def _clusters(self, members: list[int]) -> None:
-        spans = sorted((*_extent(self._tensors[k]), k) for k in members)
-        clusters: list[list[Any]] = []  # [lo, hi, own bytes, members]
-        for lo, hi, k in spans:
-            own = self._tensors[k].numel() * self._tensors[k].element_size()
-            if clusters and lo <= clusters[-1][1] + _GAP:
-                last = clusters[-1]
-                last[1], last[2] = max(last[1], hi), last[2] + own
-                last[3].append(k)
-            else:
-                clusters.append([lo, hi, own, [k]])
-        for lo, hi, own, ks in clusters:
+    def _clusters(self, ptr: int, members: list[int]) -> None:
+        spans = []
+        for k in members:
+            t = self._tensors[k]
+            lo, hi = _extent(t)
+            own = t.numel() * t.element_size()
             if hi - lo > 2 * own + _GAP:
-                # A sparse view (a column of a big matrix): copy each tensor compactly rather
-                # than the storage it strides over. Overlapping ones then no longer alias.
-                for k in ks:
-                    self._tensors[k] = c = self._tensors[k].contiguous()
-                    self._copy(*_extent(c), [k])
+                # A sparse view (a column of a big matrix): copy it compactly rather than
+                # the storage it strides over (it no longer aliases views it overlaps).
+                self._tensors[k] = c = t.contiguous()
+                self._copy(c.untyped_storage().data_ptr(), *_extent(c), [k])
             else:
-                self._copy(lo, hi, ks)
+                spans.append((lo, hi, own, k))
+        if len(spans) == 1:  # the common case: a tensor alone on its storage
+            self._copy(ptr, spans[0][0], spans[0][1], [spans[0][3]])
+            return
+        spans.sort()
+        clusters: list[list[Any]] = []  # [lo, hi, members]
+        for lo, hi, own, k in spans:
+            # Join the previous cluster when the gap between them costs less to copy than
+            # the tensor itself (and is under _GAP): aliases always join (no gap).
+            if clusters and lo <= clusters[-1][1] + min(own, _GAP):
+                clusters[-1][1] = max(clusters[-1][1], hi)
+                clusters[-1][2].append(k)
+            else:
+                clusters.append([lo, hi, [k]])
+        for lo, hi, ks in clusters:
+            self._copy(ptr, lo, hi, ks)
 
-    def _copy(self, lo: int, hi: int, members: list[int]) -> None:
+    def _copy(self, ptr: int, lo: int, hi: int, members: list[int]) -> None:
+        """Copy bytes [lo, hi) of the storage at ``ptr`` (kept alive by `_tensors`) once."""
         align = max(self._tensors[k].element_size() for k in members)
         lo -= lo % align  # every member's offset stays a whole number of its elements
         n = hi - lo
-        src = torch.empty(0, dtype=torch.uint8).set_(
-            self._tensors[members[0]].untyped_storage(), lo, (n,), (1,)
-        )
         if n <= INLINE_MAX and n <= self._inline_left:
             self._inline_left -= n
             offset = self._buf.tell() - self._blob
-            self._buf.write(src.numpy().tobytes())
+            self._buf.write(ctypes.string_at(ptr + lo, n))
             self._storage(INLINE, offset, n, members, lo)
         else:
-            segment, offset = self._placement.place(src)
+            segment, offset = self._placement.place(ptr + lo, n)
             self._storage(segment, offset, n, members, lo)
 
 
@@ -191,7 +197,8 @@ class Parsed(NamedTuple):
 
     storages: list[Row]
     tensors: list[Row]
-    inline: memoryview
+    inline: int
+    """Where the inline bytes start in the payload."""
     pinned: tuple[int, ...]
 
 
@@ -202,41 +209,67 @@ def parse(payload: bytes) -> Parsed | None:
     data_end, blob_end, table_end, _ = _TRAILER.unpack_from(payload, len(payload) - _TRAILER.size)
     view = memoryview(payload)
     storages, tensors = pickle.loads(view[blob_end:table_end])
-    pinned = array.array("q", view[table_end : len(payload) - _TRAILER.size])
-    return Parsed(storages, tensors, view[data_end:blob_end], tuple(pinned))
+    pinned = array.array("q")
+    pinned.frombytes(view[table_end : len(payload) - _TRAILER.size])
+    return Parsed(storages, tensors, data_end, tuple(pinned))
 
 
-def inline_storage(inline: memoryview, offset: int, nbytes: int) -> torch.UntypedStorage:
-    """A storage of its own (torch.empty + one copy: no buffer kept alive beside it)."""
-    out = torch.empty(nbytes, dtype=torch.uint8)
-    out.numpy()[:] = np.frombuffer(inline, np.uint8, nbytes, offset)
-    return out.untyped_storage()
+def unpack(payload: bytes, parsed: Parsed, storages: list[torch.UntypedStorage | None]) -> Any:
+    """Rebuild the batch of ``payload``; ``storages`` holds the caller's storage for each
+    segment row of the table (None for inline rows: they are made here)."""
+    return _Unpacker(payload, parsed, storages).load()
 
 
-def unpack(payload: bytes, storages: list[torch.UntypedStorage], tensors: list[Row]) -> Any:
-    """Rebuild the batch of ``payload`` with the table's ``storages`` made by the caller."""
-    return _Unpacker(io.BytesIO(payload), storages, tensors).load()
+def _contiguous(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    expected = 1
+    for n, step in zip(reversed(size), reversed(stride), strict=True):
+        if n != 1 and step != expected:
+            return False
+        expected *= n
+    return True
 
 
 class _Unpacker(pickle.Unpickler):
     def __init__(
-        self, file: io.BytesIO, storages: list[torch.UntypedStorage], rows: list[Row]
+        self, payload: bytes, parsed: Parsed, storages: list[torch.UntypedStorage | None]
     ) -> None:
-        super().__init__(file)  # reads the batch pickle only: it stops at its STOP
+        super().__init__(io.BytesIO(payload))  # reads the batch pickle only: up to its STOP
+        self._payload = payload
+        self._inline = 0  # the inline bytes' address, found on first use
+        self._parsed = parsed
         self._storages = storages
-        self._rows = rows
         self._made: dict[int, torch.Tensor] = {}
+        self._users = [0] * len(storages)
+        for row in parsed.tensors:
+            if row[0] >= 0:
+                self._users[row[0]] += 1
 
     def persistent_load(self, pid: Any) -> torch.Tensor:  # noqa: D102
         k = pid[1]
         t = self._made.get(k)
         if t is None:
-            row = self._rows[k]
-            if row[0] < 0:
-                t = torch.empty(row[2], dtype=row[1])
-            else:
-                sid, dtype, size, stride, offset = row
-                t = torch.empty(0, dtype=dtype).set_(self._storages[sid], offset, size, stride)
-            self._made[k] = t
+            t = self._made[k] = self._tensor(self._parsed.tensors[k])
         return t
 
+    def _tensor(self, row: Row) -> torch.Tensor:
+        if row[0] < 0:
+            return torch.empty(row[2], dtype=row[1])
+        sid, dtype, size, stride, offset = row
+        storage = self._storages[sid]
+        if storage is None:  # inline bytes
+            _, at, nbytes = self._parsed.storages[sid]
+            if not self._inline:  # the payload outlives this call: its buffer stays put
+                self._inline = int(np.frombuffer(self._payload, np.uint8).ctypes.data)
+            address = self._inline + self._parsed.inline + at
+            if (
+                self._users[sid] == 1 and offset == 0 and _contiguous(size, stride)
+                and math.prod(size) * dtype.itemsize == nbytes
+            ):
+                # A tensor alone on its bytes (a label): made as torch.empty makes it, so a
+                # kept one costs what a plain tensor does (set_ adds ~70 B each).
+                t = torch.empty(size, dtype=dtype)
+                ctypes.memmove(t.data_ptr(), address, nbytes)
+                return t
+            storage = self._storages[sid] = torch.UntypedStorage(nbytes)
+            ctypes.memmove(storage.data_ptr(), address, nbytes)
+        return torch.empty(0, dtype=dtype).set_(storage, offset, size, stride)

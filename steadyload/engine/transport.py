@@ -117,10 +117,10 @@ class SegmentMap:
         parsed = storage_table.parse(payload)
         if parsed is None:  # no shared memory: a plain pickle
             return pickle.loads(payload)
-        storages = []
+        storages: list[torch.UntypedStorage | None] = []
         for segment_id, offset, nbytes in parsed.storages:
             if segment_id == storage_table.INLINE:
-                storages.append(storage_table.inline_storage(parsed.inline, offset, nbytes))
+                storages.append(None)  # made by the unpickler: it owns its bytes
                 continue
             held = self._held.get(segment_id)
             if held is None:
@@ -133,7 +133,7 @@ class SegmentMap:
         for segment_id in segments:
             if segment_id not in self._held:  # nothing of the batch lives there
                 self._freed.append(segment_id)
-        return storage_table.unpack(payload, storages, parsed.tensors)
+        return storage_table.unpack(payload, parsed, storages)
 
     def _died(self, segment_id: int, offset: int, nbytes: int) -> None:
         # A weakref callback, in whatever thread dropped the storage: queue it only, unless
@@ -212,7 +212,7 @@ class SegmentMap:
         """
         self._closed = True
         self._maps.clear()
-        self._settle()
         with self._lock:
             for segment_id, held in list(self._partial.items()):
                 self._punch(segment_id, held)
+        self._settle()  # after the lock: deaths queued meanwhile are not left behind
