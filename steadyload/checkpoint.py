@@ -93,6 +93,7 @@ class Checkpoints:
         self.epoch = -1
         self._start: EpochStart | None = None
         self._pending: dict[str, Any] | None = None  # loaded, waiting for the next epoch
+        self._skip = 0  # batches the next epoch starts after (skip_next_epoch)
         self._current: weakref.ref[EpochProgress] | None = None
 
     # -- called by the iterators ---------------------------------------------------------
@@ -104,7 +105,8 @@ class Checkpoints:
         ``_num_yielded``); its sampler iterator is wrapped to number the batches.
         """
         pending, self._pending = self._pending, None
-        it._sampler_iter = Indices(it._sampler_iter)
+        skip, self._skip = self._skip, 0
+        it._sampler_iter = Indices(it._sampler_iter, skip=YieldedBatches(skip) if skip else None)
         if pending is not None:
             self._apply_base_seed(loader, it, pending)
             if not pending["finished"]:
@@ -118,6 +120,9 @@ class Checkpoints:
                 return progress
         self.epoch += 1
         progress = EpochProgress(self.epoch)
+        if skip:
+            progress.yielded = YieldedBatches(skip)  # counted as yielded: later saves are exact
+            it._num_yielded = skip
         self._start = capture(loader, self.epoch, int(it._base_seed))
         self._current = weakref.ref(progress)
         return progress
@@ -127,12 +132,53 @@ class Checkpoints:
         if self._pending is not None:
             self._apply_base_seed(loader, it, self._pending)
 
-    @staticmethod
-    def _apply_base_seed(loader: tud.DataLoader[Any], it: Any, state: dict[str, Any]) -> None:
-        if state["base_seed"] is not None and (not state["finished"] or _persistent(loader)):
-            it._base_seed = state["base_seed"]  # persistent workers keep one base seed
+    def replaces_base_seed(self, loader: tud.DataLoader[Any]) -> bool:
+        """Whether the next iterator's base seed will be the loaded state's, not its own."""
+        return self._pending is not None and self._uses_saved_seed(loader, self._pending)
 
-    # -- called by the loader ------------------------------------------------------------
+    @staticmethod
+    def _uses_saved_seed(loader: tud.DataLoader[Any], state: dict[str, Any]) -> bool:
+        # Mid-epoch, the saved epoch's seed; persistent workers keep one for their life.
+        return state["base_seed"] is not None and (not state["finished"] or _persistent(loader))
+
+    @classmethod
+    def _apply_base_seed(cls, loader: tud.DataLoader[Any], it: Any, state: dict[str, Any]) -> None:
+        if cls._uses_saved_seed(loader, state):
+            it._base_seed = state["base_seed"]
+
+    # -- called by the loader and the integrations ----------------------------------------
+    @property
+    def pending(self) -> dict[str, Any] | None:
+        """The state `load` parked for the next epoch (not a copy), or None."""
+        return self._pending
+
+    def skip_next_epoch(self, loader: tud.DataLoader[Any], batches: int) -> None:
+        """Start the next epoch after its first ``batches`` batches, loading none of them.
+
+        Their indices are still drawn, so the rest of the epoch is the epoch's own order (as
+        accelerate's ``SkipBatchSampler`` gives), at microseconds per batch; they count as
+        yielded, so a state saved later in that epoch resumes exactly. For resuming from a
+        batch count without a saved state (the transformers Trainer's resume path).
+
+        Raises:
+            ValueError: ``batches`` is negative, the dataset is an IterableDataset (its
+                stream cannot be skipped without reading it), or a loaded state is pending
+                (it already says where the next epoch starts).
+        """
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+            raise ValueError(f"batches to skip must be an int >= 0, got {batches!r}")
+        if loader._dataset_kind == ITERABLE:
+            raise ValueError(
+                "steadyload cannot skip batches of an IterableDataset without reading them: "
+                "its stream has no index to skip by."
+            )
+        if self._pending is not None:
+            raise ValueError(
+                "a loaded state already says where the next epoch starts; skipping batches "
+                "as well would skip them twice."
+            )
+        self._skip = batches
+
     def save(self, loader: tud.DataLoader[Any]) -> dict[str, Any]:
         """`DataLoader.state_dict`: the loader's position, as plain Python and tensors."""
         reason = not_replayable(loader)
@@ -235,6 +281,7 @@ class Checkpoints:
             )
         self.epoch = state["epoch"]
         self._pending = copy.deepcopy(state)
+        self._skip = 0  # the loaded position supersedes a requested skip
         if state["finished"]:
             # The next epoch draws from the generators as they were when the state was saved.
             set_generators(loader, state["rng"], include_global=False)

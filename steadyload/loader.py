@@ -169,6 +169,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        # Written again now that torch's __init__ has returned: when this class was created
+        # inside a Lightning loader hook, Lightning saved torch's arguments only, and it
+        # replays on the loader it rebuilds just the attribute writes made after them.
+        for name in _OPTIONS:
+            setattr(self, name, getattr(self, name))
         self._start: tuple[multiprocessing.context.BaseContext, StartInfo] | None = None
         self._last_run: RunRecord | None = None
         self._checkpoints = Checkpoints()  # epoch number and resume state (checkpoint.py)
@@ -251,6 +256,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def _get_iterator(self) -> Any:
         self._options = self._checked_options()  # the attributes may have been set since
+        # Without ``generator=``, torch draws each new iterator's base seed from the global
+        # generator. When a loaded state's seed replaces it, the uninterrupted run made that
+        # draw before the save: undo it, so that the caller's generator, restored from the
+        # same checkpoint, goes on as it would have (the later epochs are the same).
+        global_rng = (
+            torch.get_rng_state()
+            if self.generator is None and self._checkpoints.replaces_base_seed(self)
+            else None
+        )
         iterator: InProcessIterator | WorkerIterator
         if self.num_workers == 0:
             iterator = InProcessIterator(self, self._options, self._checkpoints)
@@ -259,6 +273,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             iterator = WorkerIterator(
                 self, self._options, self._start_context(), self._checkpoints
             )
+        if global_rng is not None:
+            torch.set_rng_state(global_rng)
         self._last_run = iterator.record
         iterator.record.periodic = self._report_every
         iterator.record.num_workers_choice = self._auto.reason if self._auto else None

@@ -56,9 +56,21 @@ def _on_stack(frame: FrameType | None, prefix: str) -> bool:
     return False
 
 
+def _function(frame: FrameType) -> str:
+    """The function reading: past comprehensions (their own frames before Python 3.12) and
+    attribute delegation (accelerate's ``DataLoaderAdapter.__getattr__``)."""
+    name = frame.f_code.co_name
+    while frame.f_back is not None and (
+        name == "__getattr__" or (name.startswith("<") and name != "<module>")
+    ):
+        frame = frame.f_back
+        name = frame.f_code.co_name
+    return name
+
+
 def _path_and_fix(frame: FrameType) -> tuple[str, str] | None:
     module = str(frame.f_globals.get("__name__", ""))
-    function = frame.f_code.co_name
+    function = _function(frame)
     if module.startswith("accelerate."):
         if _on_stack(frame, "transformers.trainer"):
             what = "resuming mid-epoch" if function == "skip_first_batches" else "preparing"

@@ -6,6 +6,8 @@ worker: pickled into each forkserver/spawn/zygote worker, or, under fork, copied
 page as the workers touch the objects' reference counts (copy-on-read, pytorch issue 13246).
 `check_copy_on_read` scans the dataset's attributes (and theirs, one level down), estimates
 the size of large containers from a sample of their items, and warns once, with the fix.
+A Hugging Face ``datasets.Dataset`` is judged by where its Arrow table lives instead: a
+memory-mapped one pickles as a file path (nothing to say), an in-memory one as all its data.
 """
 
 from __future__ import annotations
@@ -58,9 +60,17 @@ def _large(value: Any) -> bool:
 
 
 def large_containers(dataset: Any) -> list[tuple[str, Any]]:
-    """(attribute path, container) for large containers on the dataset, one level down."""
+    """(attribute path, container) for large containers on the dataset, one level down.
+
+    The Arrow internals of a Hugging Face dataset are left out (`arrow_tables` judges
+    those): pyarrow's ``RecordBatch.__sizeof__`` counts its buffers, mapped or not, so a
+    memory-mapped dataset's ``_data._batches`` would look like a copy of the whole table.
+    """
     found = []
+    arrow = _arrow_attributes(dataset)
     for name, value in list(getattr(dataset, "__dict__", {}).items()):
+        if name in arrow:
+            continue
         if _large(value):
             found.append((f"self.{name}", value))
         elif hasattr(value, "__dict__") and not isinstance(value, type):
@@ -72,8 +82,96 @@ def large_containers(dataset: Any) -> list[tuple[str, Any]]:
     return found
 
 
+# -- Hugging Face datasets (Arrow) ---------------------------------------------------------
+#
+# `datasets.Dataset._data` is a `datasets.table.Table`: `MemoryMappedTable` pickles as its
+# file path and replays (load_from_disk, load_dataset), `InMemoryTable` as all its data
+# (Dataset.from_dict, from_pandas, keep_in_memory=True), `ConcatenationTable` as its blocks.
+# `_indices` (after select, shuffle) is a Table too. Nothing here imports datasets: a
+# Dataset of theirs means `datasets.table` is already imported.
+
+_ARROW_ATTRIBUTES = frozenset({"_data", "_indices"})
+
+
+def _arrow_tables_module(obj: Any) -> Any:
+    """`datasets.table` when ``obj`` is a Hugging Face map-style dataset, else None."""
+    tables = sys.modules.get("datasets.table")
+    if tables is None or not type(obj).__module__.startswith("datasets."):
+        return None
+    return tables if isinstance(getattr(obj, "_data", None), tables.Table) else None
+
+
+def _arrow_attributes(obj: Any) -> frozenset[str]:
+    return _ARROW_ATTRIBUTES if _arrow_tables_module(obj) is not None else frozenset()
+
+
+def _in_memory_bytes(table: Any, tables: Any) -> int:
+    """Bytes of ``table`` (a datasets.table.Table) that pickling copies."""
+    if isinstance(table, tables.MemoryMappedTable):
+        return 0
+    if isinstance(table, tables.ConcatenationTable):
+        return sum(_in_memory_bytes(block, tables) for row in table.blocks for block in row)
+    return int(table.nbytes)  # InMemoryTable, or a kind this code does not know: a copy
+
+
+def arrow_in_memory_bytes(obj: Any) -> int | None:
+    """How many bytes of a Hugging Face dataset's Arrow data pickling would copy.
+
+    0 for a dataset whose table (and indices mapping, if any) is memory-mapped: it pickles
+    as file paths and every process maps the same pages. None when ``obj`` is not a
+    ``datasets.Dataset``; never imports ``datasets``.
+    """
+    tables = _arrow_tables_module(obj)
+    if tables is None:
+        return None
+    total = _in_memory_bytes(obj._data, tables)
+    indices = getattr(obj, "_indices", None)
+    if isinstance(indices, tables.Table):
+        total += _in_memory_bytes(indices, tables)
+    return total
+
+
+def arrow_tables(dataset: Any) -> list[tuple[str, Any, int]]:
+    """(path, HF dataset, in-memory bytes) for the dataset itself and its attributes."""
+    found = []
+    own = arrow_in_memory_bytes(dataset)
+    if own is not None:
+        found.append(("the dataset", dataset, own))
+    for name, value in list(getattr(dataset, "__dict__", {}).items()):
+        nbytes = arrow_in_memory_bytes(value)
+        if nbytes is not None:
+            found.append((f"self.{name}", value, nbytes))
+    return found
+
+
+def _check_arrow(dataset: Any, num_workers: int, method: str) -> None:
+    """Warn once when an in-memory Arrow table is about to be pickled into every worker."""
+    if method == "fork":
+        return  # forked workers share the parent's Arrow buffers: no refcounts in them
+    for path, hf, nbytes in arrow_tables(dataset):
+        key = (type(dataset).__qualname__, f"arrow:{path}")
+        if nbytes <= LARGE_BYTES or key in _warned:
+            continue
+        _warned.add(key)
+        target = "ds" if path == "the dataset" else path
+        warnings.warn(
+            f"steadyload: {path} ({type(hf).__name__} of {len(hf):,} rows) holds "
+            f"{gib(nbytes)} of Arrow data in memory, not memory-mapped; under {method} "
+            f"each of the {num_workers} workers gets a pickled copy: "
+            f"{gib(nbytes * num_workers)} in total. Fix: `{target}.save_to_disk(path)` "
+            f"then `{target} = datasets.load_from_disk(path)` (workers then map the same "
+            "file: only its path is pickled), or keep it memory-mapped as load_dataset "
+            "and load_from_disk return it (Dataset.from_dict, from_pandas and "
+            "keep_in_memory=True build it in memory).",
+            UserWarning,
+            stacklevel=5,
+        )
+
+
 def check_copy_on_read(dataset: Any, num_workers: int, method: str) -> None:
-    """Warn once per attribute about large Python containers every worker would copy."""
+    """Warn once per attribute about large Python containers every worker would copy, and
+    about in-memory Arrow tables (Hugging Face datasets) pickled into every worker."""
+    _check_arrow(dataset, num_workers, method)
     for path, value in large_containers(dataset):
         key = (type(dataset).__qualname__, path)
         if key in _warned:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DistributedSampler, Sampler
@@ -140,14 +141,43 @@ def test_resume_without_a_generator_uses_the_saved_global_state() -> None:
     state = loader.state_dict()
     rest = list(it)
     torch.manual_seed(12345)
-    torch.empty((), dtype=torch.int64).random_()  # what any new iterator draws (base seed)
     caller = torch.get_rng_state()
-    torch.manual_seed(12345)
     resumed = make()
     resumed.load_state_dict(state)
     assert_same_batches(before + list(resumed), before + rest)
-    # The replayed shuffle drew from the saved state, not from the caller's.
+    # The replayed shuffle drew from the saved state, and the resumed iterator's base seed
+    # is the saved one: the caller's global RNG is untouched, as in the uninterrupted run
+    # (which drew its base seed before the save), so the epochs after it are the same.
     assert torch.equal(torch.get_rng_state(), caller), "the caller's global RNG was changed"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_later_epochs_match_without_a_generator_once_the_caller_restores_its_rng(
+    num_workers: int,
+) -> None:
+    def make() -> Any:
+        # sample_seeds: worker-side draws follow (base seed, epoch, index), not which worker
+        # loaded what before (docs/design/resume.md).
+        return steadyload.DataLoader(MapDS(24, "random"), batch_size=4, shuffle=True,
+                                     num_workers=num_workers, sample_seeds=True)
+
+    torch.manual_seed(3)
+    loader = make()
+    it = iter(loader)
+    before = [next(it) for _ in range(2)]
+    # One checkpoint: the loader's state and the caller's RNGs (in-process samples draw
+    # from those).
+    state, rngs = loader.state_dict(), (torch.get_rng_state(), random.getstate(),
+                                        np.random.get_state())
+    want = list(it) + list(loader)  # the rest of the epoch, then the next epoch
+    torch.set_rng_state(rngs[0])  # a fresh run restores all of it
+    random.setstate(rngs[1])
+    np.random.set_state(rngs[2])
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = list(resumed) + list(resumed)
+    assert len(before) == 2
+    assert_same_batches(got, want)
 
 
 def test_state_is_small_and_plain() -> None:

@@ -1,0 +1,182 @@
+"""transformers Trainer and TRL's SFTTrainer keep steadyload's loader and resume it exactly.
+
+The trainings run in trainer_job.py, in a fresh process (one, or two under torchrun with
+gloo), and are checked here from their JSON: in a fresh process the fork server preloads
+transformers once, and the frameworks' warnings stay out of this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("trl")
+
+ROOT = Path(__file__).resolve().parents[2]
+N, BATCH = 32, 4  # trainer_job's
+pytestmark = pytest.mark.timeout(300)
+
+
+def _job(out: Path, *runs: str, ranks: int = 1) -> dict[int, dict[str, Any]]:
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    proc = subprocess.run(
+        [sys.executable, *(launcher if ranks > 1 else []), "-m", "tests.frameworks.trainer_job",
+         str(out), *runs],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=280,
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    results: dict[int, dict[str, Any]] = {}
+    for rank in range(ranks):
+        results[rank] = {run: json.loads((out / f"{run}-rank{rank}.json").read_text())
+                         for run in runs}
+        assert json.loads((out / f"leftover-rank{rank}.json").read_text()) == []
+    return results
+
+
+def _parents(run: dict[str, Any]) -> set[int]:
+    return {ppid for _, _, ppid in run["loads"]}
+
+
+def _indices(batches: list[list[list[int]]]) -> list[list[int]]:
+    return [[sample[0] for sample in batch] for batch in batches]
+
+
+def _skipped(reference: dict[str, Any]) -> set[int]:
+    """The samples of the batches a resume from the checkpoint skips (its epoch's first)."""
+    per_epoch, save_at = reference["steps_per_epoch"], reference["save_at"]
+    start = save_at // per_epoch * per_epoch
+    return {i for batch in _indices(reference["batches"][start:save_at]) for i in batch}
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("trainer")
+    return _job(out, "A", "B1", "B2", "U1", "U2", "W", "U3", "S1", "S2", "E")[0]
+
+
+@pytest.mark.slow
+def test_mixin_trainer_runs_on_steadyload_workers_keeps_its_loader_and_heals_a_kill(
+    one: dict[str, Any],
+) -> None:
+    a, b1 = one["A"], one["B1"]
+    for run in (a, b1):
+        assert run["loader_type"] == "accelerate.data_loader.DataLoaderShard"
+        assert _parents(run) == {run["forkserver"]} and run["worker_ppids"] == [run["forkserver"]]
+        assert run["built_with"] == {  # the Trainer's loader, arguments and all, on steadyload
+            "collate_fn": "RemoveColumnsCollator", "worker_init_fn": "seed_worker",
+            "batch_sampler": "BatchSampler", "prefetch_factor": 2, "persistent_workers": True,
+            "options": {"sample_seeds": True, "max_restarts": 2},
+            "report_start_method": "forkserver",
+        }
+    assert len(a["batches"]) == a["steps"] and b1["batches"] == a["batches"]
+    assert a["restarts"] == [] and b1["restarts"] == ["killed by SIGKILL"]
+    assert "steadyload_loader_rank0.pt" in b1["checkpoint"]
+    assert a["eval"]["steadyload"] and a["eval"]["cached"]  # persistent eval loader, adopted
+    assert a["eval"]["parents"] == [a["forkserver"]]
+    assert a["eval"]["start_method"] == "forkserver" and a["eval"]["loss"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("way", ["B", "U"], ids=["documented way", "user subclass"])
+def test_resume_mid_epoch_gives_the_uninterrupted_batches_and_loads_no_skipped_sample(
+    one: dict[str, Any], way: str,
+) -> None:
+    # B: the mixin builds the loader; U: the subclass's own get_train_dataloader returns a
+    # steadyload loader, and the mixin only joins the class.
+    uninterrupted, resumed = one["A" if way == "B" else "U1"], one[f"{way}2"]
+    save_at = resumed["save_at"]
+    assert resumed["batches"] == uninterrupted["batches"][save_at:]  # indices and worker draws
+    assert _parents(resumed) == {resumed["forkserver"]} and resumed["restarts"] == []
+    skipped = _skipped(uninterrupted)
+    assert len(skipped) == save_at % resumed["steps_per_epoch"] * BATCH > 0
+    assert skipped.isdisjoint(i for i, _, _ in resumed["loads"])
+    assert resumed["warnings"] == []
+
+
+@pytest.mark.slow
+def test_user_subclass_resumed_without_the_state_file_skips_by_index_on_steadyload(
+    one: dict[str, Any],
+) -> None:
+    u3 = one["U3"]
+    assert len(u3["batches"]) == u3["steps"] - u3["save_at"]
+    assert _parents(u3) == {u3["forkserver"]}
+    loaded = [i for i, _, _ in u3["loads"]]
+    # Each sample of the resumed epoch loaded once at most, none of the skipped batches'.
+    skipped = u3["save_at"] % u3["steps_per_epoch"] * BATCH
+    assert len(loaded) == len(set(loaded)) <= N - skipped
+
+
+@pytest.mark.slow
+def test_without_the_mixin_the_resume_warns_naming_the_trainer_and_the_mixin(
+    one: dict[str, Any],
+) -> None:
+    w = one["W"]
+    (warning,) = w["warnings"]
+    assert re.match(
+        r"steadyload: the transformers Trainer \(resuming mid-epoch through accelerate's "
+        r"skip_first_batches\) is rebuilding this steadyload\.DataLoader as torch's DataLoader",
+        warning,
+    ), warning
+    assert "Fix: add steadyload.integrations.transformers.SteadyloadTrainerMixin" in warning
+    assert _parents(w) == {w["main_pid"]}  # what it warns about: torch's forked workers
+
+
+@pytest.mark.slow
+def test_sft_trainer_with_the_mixin_keeps_trl_collator_on_steadyload_workers(
+    one: dict[str, Any],
+) -> None:
+    s1, s2 = one["S1"], one["S2"]
+    assert s1["mro"][2:4] == ["SteadyloadTrainerMixin", "SFTTrainer"]
+    for run in (s1, s2):
+        assert run["collator"] == "trl.trainer.sft_trainer.DataCollatorForLanguageModeling"
+        assert run["loader_type"] == "accelerate.data_loader.DataLoaderShard"
+        assert run["worker_ppids"] == [run["forkserver"]]
+        assert run["report_start_method"] == "forkserver"
+    assert s2["batches"] == s1["batches"] and len(s1["batches"]) == N // BATCH + 2
+    assert s1["restarts"] == [] and s2["restarts"] == ["killed by SIGKILL"]
+
+
+@pytest.mark.slow
+def test_mixin_fails_loudly_and_puts_the_resume_patch_back(one: dict[str, Any]) -> None:
+    e = one["E"]
+    assert e["unknown_option"].startswith("steadyload_options has unknown key(s) 'on_eror'")
+    assert re.match(r"steadyload\.integrations\.transformers: transformers \d+\.\d+\S* has no "
+                    r"transformers\.trainer\.skip_first_batches\. ", e["missing_name"])
+    assert "Fix: install transformers==5.24.*" in e["missing_name"]
+    assert e["patched_during_train"] and e["raised"] == "boom"
+    assert e["restored_after_exception"]
+
+
+# -- two processes ---------------------------------------------------------------------------
+
+def test_two_processes_shard_heal_a_killed_worker_and_resume_exactly(tmp_path: Path) -> None:
+    ranks = _job(tmp_path, "A", "B1", "B2", "B3", ranks=2)
+    for rank, runs in ranks.items():
+        a, b1, b2, b3 = (runs[k] for k in ("A", "B1", "B2", "B3"))
+        per_epoch, save_at = a["steps_per_epoch"], a["save_at"]
+        for run in (a, b1, b2, b3):
+            assert run["built_with"]["batch_sampler"] == "BatchSamplerShard"
+            assert _parents(run) == {run["forkserver"]}
+        assert len(a["batches"]) == a["steps"] and b1["batches"] == a["batches"]
+        assert b1["restarts"] == (["killed by SIGKILL"] if rank == 1 else [])
+        assert f"steadyload_loader_rank{rank}.pt" in b1["checkpoint"]
+        assert b2["batches"] == a["batches"][save_at:]  # from the loader's state: exact
+        # Without the state file: skipped by index, the same samples (the sampler is
+        # seeded per epoch); only the worker-side draws may differ.
+        assert _indices(b3["batches"]) == _indices(a["batches"][save_at:])
+        skipped = _skipped(a)
+        assert len(skipped) == save_at % per_epoch * BATCH > 0
+        for resumed in (b2, b3):
+            assert skipped.isdisjoint(i for i, _, _ in resumed["loads"])
+    epoch0 = [i for r in (0, 1) for b in _indices(ranks[r]["A"]["batches"][:per_epoch])
+              for i in b]
+    assert sorted(epoch0) == list(range(N))  # the ranks split the epoch
