@@ -93,27 +93,12 @@ class Numbers(Dataset[Any]):
         return torch.tensor(i)
 
 
-class Sleepy(Dataset[Any]):
-    """Each sample sleeps ``delay_s`` seconds."""
-
-    def __init__(self, n: int, delay_s: float) -> None:
-        self.n, self.delay_s = n, delay_s
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        import time
-
-        time.sleep(self.delay_s)
-        return torch.tensor(i)
-
-
 def timeout_error_to(queue: Any) -> None:
     """In a child process: hit a steadyload ``timeout`` and send the error back pickled."""
     import steadyload as sl
+    from tests.datasets import Slow
 
-    loader = sl.DataLoader(Sleepy(4, 5.0), num_workers=1, timeout=0.3)
+    loader = sl.DataLoader(Slow(4, 5.0), num_workers=1, timeout=0.3)
     try:
         next(iter(loader))
     except Exception as exc:
@@ -158,21 +143,6 @@ class Hog(Dataset[Any]):
             os.kill(os.getpid(), signal.SIGKILL)
         if i == self.hog_at:
             sum(range(400_000_000))  # one C call: no bytecode boundary for ~4 s
-        return torch.tensor(i)
-
-
-class FailsAt(Dataset[Any]):
-    """Sample ``bad`` raises ValueError."""
-
-    def __init__(self, n: int, bad: int) -> None:
-        self.n, self.bad = n, bad
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        if i == self.bad:
-            raise ValueError(f"sample {i} is bad")
         return torch.tensor(i)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -78,12 +79,29 @@ def _warm_forkserver() -> None:
     resolve_context("forkserver", None, None)
 
 
+def _threads() -> set[str]:
+    return {f"{t.name} ({t.ident})" for t in threading.enumerate()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_tqdm_monitor() -> None:
+    """tqdm (imported by transformers, datasets, ...) starts a monitor thread at its first
+    progress bar; it would outlive the test and make every later fork warn about threads."""
+    try:
+        import tqdm
+    except ImportError:
+        return
+    tqdm.tqdm.monitor_interval = 0
+
+
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
-    """Fail the test if it leaves processes, shared-memory files or file descriptors."""
-    children, shm, fds = _children(), _shm_files(), _fds()
+    """Fail the test if it leaves processes, threads, shared-memory files or descriptors."""
+    children, shm, fds, threads = _children(), _shm_files(), _fds(), _threads()
     yield
     gc.collect()
+    wait_until(lambda: not (_threads() - threads), 5,
+               what=f"threads started by the test to end (new: {sorted(_threads() - threads)})")
     wait_until(lambda: not (_children() - children), 10, what="all worker processes to exit")
     assert not (_shm_files() - shm), f"/dev/shm files left behind: {_shm_files() - shm}"
     wait_until(lambda: (gc.collect() or True) and not (_fds() - fds), 5,

@@ -107,9 +107,9 @@ def _memory(pids: list[int]) -> int:
     return total
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Train; print and return the results (losses, speed, memory, skipped lines)."""
-    ap = argparse.ArgumentParser(description=__doc__,
+def arguments(argv: list[str] | None, description: str | None) -> argparse.Namespace:
+    """The recipe's command line (also train_trainer.py's), and this process's threads."""
+    ap = argparse.ArgumentParser(description=description,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, help="directory with train.jsonl and images")
     ap.add_argument("--model", required=True, help="model + processor directory")
@@ -127,6 +127,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # Workers and this process's torch threads share the CPUs: oversubscribed, torch's
         # OpenMP threads spin while the workers wait for a core. Leave the workers theirs.
         torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) - args.num_workers))
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Train; print and return the results (losses, speed, memory, skipped lines)."""
+    args = arguments(argv, __doc__)
 
     started = time.perf_counter()
     torch.manual_seed(args.seed)

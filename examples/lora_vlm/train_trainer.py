@@ -20,7 +20,6 @@ workers did, and checkpoints carry the loader's position for an exact mid-epoch 
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing.forkserver
 import os
@@ -38,28 +37,12 @@ if __name__ == "__main__":
                  "transformers.trainer_utils"])
 
 import torch  # noqa: E402
-from train import VLMJSONLDataset, _memory, collate  # noqa: E402  (beside this file)
+from train import VLMJSONLDataset, _memory, arguments, collate  # noqa: E402  (beside this file)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Train with a Trainer; print and return the results (as train.py's, same keys)."""
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", required=True, help="directory with train.jsonl and images")
-    ap.add_argument("--model", required=True, help="model + processor directory")
-    ap.add_argument("--num-workers", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--batch-size", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=1e-2, help="1e-2 for the tiny model; ~1e-4 for 7B")
-    ap.add_argument("--lora-r", type=int, default=8)
-    ap.add_argument("--output", default="lora-adapter", help="where the adapter is saved")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=0,
-                    help="intra-op threads of this process; 0: the CPUs the workers leave free")
-    args = ap.parse_args(argv)
-    if args.threads or args.num_workers:
-        # As in train.py: leave the workers their CPUs (oversubscribed OpenMP threads spin).
-        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) - args.num_workers))
+    args = arguments(argv, __doc__)
 
     started = time.perf_counter()
     torch.manual_seed(args.seed)

@@ -16,7 +16,7 @@ from multiprocessing import forkserver
 import psutil
 
 import steadyload as sl
-from tests.adversarial import Sleepy
+from tests.datasets import Slow
 
 
 def _alive(pid: int) -> bool:
@@ -31,7 +31,7 @@ if __name__ == "__main__":
     if how == "term":
         # A trainer that handles SIGTERM (to save a checkpoint) survives the group's signal.
         signal.signal(signal.SIGTERM, lambda *_: None)
-    loader = sl.DataLoader(Sleepy(48, 0.05), batch_size=2, num_workers=4, max_restarts=3)
+    loader = sl.DataLoader(Slow(48, 0.05), batch_size=2, num_workers=4, max_restarts=3)
     it = iter(loader)
     got = next(it).tolist()
     server = forkserver._forkserver._forkserver_pid

@@ -17,8 +17,9 @@ import pytest
 import steadyload as sl
 from steadyload.engine import handles
 from steadyload.iterators.workers import WorkerIterator
-from tests.adversarial import FailsAt, Hog, Sleepy
+from tests.adversarial import Hog
 from tests.conftest import processes_gone, wait_until
+from tests.datasets import FailAt, Slow
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +44,7 @@ def test_ctrl_c_while_a_batch_is_taken_out_keeps_that_batch_for_the_next_call(
         return commit(self, task)
 
     monkeypatch.setattr(WorkerIterator, "_commit", commit_after_ctrl_c)
-    loader = sl.DataLoader(Sleepy(10, 0.01), batch_size=2, num_workers=2)
+    loader = sl.DataLoader(Slow(10, 0.01), batch_size=2, num_workers=2)
     got = []
     it = iter(loader)
     with pytest.raises(KeyboardInterrupt):
@@ -95,7 +96,7 @@ def test_a_teardown_that_failed_half_way_finishes_on_the_next_call(
             raise RuntimeError("teardown broke here")
         finish(self)
 
-    loader = sl.DataLoader(Sleepy(8, 0.01), batch_size=2, num_workers=2, persistent_workers=True)
+    loader = sl.DataLoader(Slow(8, 0.01), batch_size=2, num_workers=2, persistent_workers=True)
     it = iter(loader)
     next(it)
     pids = [w.pid for w in it._workers]
@@ -111,7 +112,7 @@ def test_a_teardown_that_failed_half_way_finishes_on_the_next_call(
 
 @pytest.mark.parametrize("gc_enabled", [True, False], ids=["gc", "no-gc"])
 def test_workers_of_an_iterator_that_raised_go_when_the_loop_is_left(gc_enabled: bool) -> None:
-    loader = sl.DataLoader(FailsAt(40, bad=5), batch_size=1, num_workers=2)
+    loader = sl.DataLoader(FailAt(40, bad=5, exc_type=ValueError), batch_size=1, num_workers=2)
     was_enabled = gc.isenabled()
     if not gc_enabled:
         gc.disable()

@@ -33,7 +33,8 @@ def _loader() -> Any:
     import steadyload as sl
     from tests.frameworks.samples import PidSquares
 
-    return sl.DataLoader(PidSquares(N, delay_s=0.01), batch_size=BATCH, shuffle=True,
+    # 50 ms per sample: when the kill comes (after 2 steps), worker 0 still holds batches.
+    return sl.DataLoader(PidSquares(N, delay_s=0.05), batch_size=BATCH, shuffle=True,
                          num_workers=2, prefetch_factor=3, **OPTIONS)  # fmt: skip
 
 
