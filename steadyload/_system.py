@@ -210,3 +210,26 @@ def max_map_count() -> int | None:
         return int(Path("/proc/sys/vm/max_map_count").read_text())
     except (OSError, ValueError):
         return None
+
+
+def pidfd_open(pid: int | None) -> int | None:
+    """A descriptor that names process ``pid`` (readable once it exits), or None.
+
+    Linux >= 5.3; it stays valid after the process is re-parented, so signals sent through
+    it never reach a recycled pid. None when unavailable or the process is already gone.
+    """
+    if pid is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def close_fds(fds: list[int]) -> None:
+    """Close every descriptor in ``fds`` (errors ignored) and empty the list."""
+    while fds:
+        try:
+            os.close(fds.pop())
+        except OSError:
+            pass

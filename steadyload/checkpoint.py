@@ -21,8 +21,10 @@ import copy
 import pickle
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.utils.data as tud
 
 from .engine.fetch import ITERABLE
@@ -64,6 +66,25 @@ class EpochProgress:
         """The worker whose batch was yielded last (dispatch resumes after it)."""
         self.resume_streams: dict[str, Any] | None = None
         """A loaded stream position for the iterator to restore, then clear."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """Where a loader stood at one moment (`Checkpoints.mark`); `Checkpoints.save` makes it
+    a state. ``start`` is set for a mark in the middle of an epoch, ``pending`` for a loaded
+    state not yet used, ``rng`` for a mark between epochs (the generators then);
+    ``unsaveable`` says why a stream's position at the mark cannot be saved."""
+
+    epoch: int
+    finished: bool
+    prefix: int
+    beyond: frozenset[int]
+    start: EpochStart | None
+    pending: dict[str, Any] | None
+    rng: dict[str, torch.Tensor] | None
+    stream: dict[str, Any] | None
+    base_seed: int | None = None
+    unsaveable: str | None = None
 
 
 def _persistent(loader: tud.DataLoader[Any]) -> bool:
@@ -146,6 +167,14 @@ class Checkpoints:
         if cls._uses_saved_seed(loader, state):
             it._base_seed = state["base_seed"]
 
+    def for_twin(self) -> Checkpoints:
+        """The run's position for a loader that replaces this one (`DataLoader.from_loader`):
+        the epoch count, a loaded state not yet used, a requested skip."""
+        twin = Checkpoints()
+        twin.epoch, twin._skip = self.epoch, self._skip
+        twin._pending = copy.deepcopy(self._pending)
+        return twin
+
     # -- called by the loader and the integrations ----------------------------------------
     @property
     def pending(self) -> dict[str, Any] | None:
@@ -179,8 +208,34 @@ class Checkpoints:
             )
         self._skip = batches
 
-    def save(self, loader: tud.DataLoader[Any]) -> dict[str, Any]:
-        """`DataLoader.state_dict`: the loader's position, as plain Python and tensors."""
+    def mark(self, loader: tud.DataLoader[Any]) -> Mark:
+        """Where the loader stands now, cheaply (a few µs: frameworks take one per batch);
+        `save` makes it a state only when asked."""
+        if self._pending is not None:
+            return Mark(self.epoch, True, 0, frozenset(), None, self._pending, None, None)
+        progress = self._current() if self._current is not None else None
+        start = self._start
+        if progress is None or start is None or progress.finished:
+            # The next epoch draws from the generators as they are now: keep them.
+            seed = start.base_seed if start is not None else None
+            return Mark(
+                self.epoch, True, 0, frozenset(), None, None, rng_states(loader), None, seed
+            )
+        yielded = progress.yielded
+        stream, unsaveable = None, None
+        if loader._dataset_kind == ITERABLE:
+            try:
+                stream = _stream_state(loader, progress, finished=False)
+            except ValueError as exc:  # said by save(), when a state is asked for
+                unsaveable = str(exc)
+        return Mark(
+            self.epoch, False, yielded.prefix, frozenset(yielded.beyond), start, None, None,
+            stream, start.base_seed, unsaveable,
+        )  # fmt: skip
+
+    def save(self, loader: tud.DataLoader[Any], at: Mark | None = None) -> dict[str, Any]:
+        """`DataLoader.state_dict`: the loader's position (now, or at a `mark`), as plain
+        Python and tensors."""
         reason = not_replayable(loader)
         if reason is not None:
             raise _fail(
@@ -191,20 +246,21 @@ class Checkpoints:
                 "start of an epoch must determine that epoch's order), or use one of "
                 "torch's samplers.",
             )
-        if self._pending is not None:
-            return copy.deepcopy(self._pending)  # loaded but not yet iterated: unchanged
-        progress = self._current() if self._current is not None else None
-        start = self._start
-        finished = progress is None or start is None or progress.finished
+        at = at if at is not None else self.mark(loader)
+        if at.unsaveable is not None:
+            raise ValueError(at.unsaveable)  # a fresh error each time: no growing traceback
+        if at.pending is not None:
+            return copy.deepcopy(at.pending)  # loaded but not yet iterated: unchanged
+        start = at.start
         state: dict[str, Any] = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
-            "epoch": self.epoch,
-            "finished": finished,
-            "batches_yielded": 0,
-            "yielded_beyond": [],
-            "base_seed": start.base_seed if start is not None else None,
-            "rng": rng_states(loader),
+            "epoch": at.epoch,
+            "finished": at.finished,
+            "batches_yielded": at.prefix,
+            "yielded_beyond": sorted(at.beyond),
+            "base_seed": at.base_seed,
+            "rng": {k: v.clone() for k, v in (at.rng or {}).items()},
             "samplers": {},
             "distributed_epoch": None,
             "dataset_len": _dataset_len(loader),
@@ -212,19 +268,14 @@ class Checkpoints:
             "drop_last": loader.drop_last,
             "num_workers": loader.num_workers,
             "persistent": _persistent(loader),
-            "stream": None,
+            "stream": at.stream,
         }
-        if not finished:
-            assert progress is not None and start is not None
+        if start is not None:  # mid-epoch: what decided the epoch, as it began
             state.update(
-                batches_yielded=progress.yielded.prefix,
-                yielded_beyond=sorted(progress.yielded.beyond),
                 rng={k: v.clone() for k, v in start.rng.items()},
                 samplers=copy.deepcopy(start.samplers),
                 distributed_epoch=start.distributed_epoch,
             )
-        if loader._dataset_kind == ITERABLE:
-            state["stream"] = _stream_state(loader, progress, finished)
         return state
 
     def load(self, loader: tud.DataLoader[Any], state: Any) -> None:

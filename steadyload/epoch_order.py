@@ -175,6 +175,14 @@ class YieldedBatches:
             self.beyond.discard(self.prefix)
             self.prefix += 1
 
+    def unmark(self, ordinal: int) -> None:
+        """Undo the last `mark`, of batch ``ordinal`` (it was taken back)."""
+        if ordinal in self.beyond:
+            self.beyond.discard(ordinal)
+        elif ordinal < self.prefix:  # the ordinals after it were "beyond" until it came
+            self.beyond.update(range(ordinal + 1, self.prefix))
+            self.prefix = ordinal
+
     @property
     def count(self) -> int:
         """Batches yielded."""

@@ -31,7 +31,8 @@ class SteadyloadError(Exception):
     Every steadyload error survives `pickle` and `copy` with its message, its fields and
     its notes, so it can cross processes (torchelastic error files, Ray, multiprocessing
     pools): the default exception pickling would call ``cls(*args)`` and miss the
-    keyword-only fields.
+    keyword-only fields. ``cls(message)`` alone works too (every field has a default), as
+    torch's `ExceptionWrapper.reraise` and its test harness rebuild errors that way.
     """
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -56,11 +57,11 @@ class WorkerDiedError(SteadyloadError, RuntimeError):
         self,
         message: str,
         *,
-        worker_id: int,
-        pid: int | None,
-        exitcode: int | None,
-        signal_name: str | None,
-        sample_indices: Sequence[object],
+        worker_id: int = -1,
+        pid: int | None = None,
+        exitcode: int | None = None,
+        signal_name: str | None = None,
+        sample_indices: Sequence[object] = (),
         evidence: dict[str, object] | None = None,
     ) -> None:
         super().__init__(message)
@@ -80,7 +81,7 @@ class WorkerStartError(SteadyloadError, RuntimeError):
         pid: the worker's process id, if it got that far.
     """
 
-    def __init__(self, message: str, *, worker_id: int, pid: int | None) -> None:
+    def __init__(self, message: str, *, worker_id: int = -1, pid: int | None = None) -> None:
         super().__init__(message)
         self.worker_id = worker_id
         self.pid = pid
@@ -102,9 +103,9 @@ class WorkerHangError(SteadyloadError, RuntimeError, TimeoutError):
         self,
         message: str,
         *,
-        timeout_s: float,
-        worker_id: int | None,
-        sample_indices: Sequence[object],
+        timeout_s: float = 0.0,
+        worker_id: int | None = None,
+        sample_indices: Sequence[object] = (),
     ) -> None:
         super().__init__(message)
         self.timeout_s = timeout_s
@@ -126,7 +127,7 @@ class SharedMemoryError(SteadyloadError, RuntimeError):
     """
 
     def __init__(
-        self, message: str, *, worker_id: int | None, errno: int, where: str,
+        self, message: str, *, worker_id: int | None = None, errno: int = 0, where: str = "",
         evidence: dict[str, object] | None = None,
     ) -> None:
         super().__init__(message)
@@ -153,7 +154,7 @@ class NotPicklableError(SteadyloadError, TypeError):
         path: where the offending object sits, e.g. ``"dataset.index.conn"``.
     """
 
-    def __init__(self, message: str, *, path: str) -> None:
+    def __init__(self, message: str, *, path: str = "") -> None:
         super().__init__(message)
         self.path = path
 
@@ -177,7 +178,9 @@ class SkipLimitError(SteadyloadError, RuntimeError):
         first_error: its exception type and message.
     """
 
-    def __init__(self, message: str, *, first_index: object, first_error: str) -> None:
+    def __init__(
+        self, message: str, *, first_index: object = None, first_error: str = ""
+    ) -> None:
         super().__init__(message)
         self.first_index = first_index
         self.first_error = first_error

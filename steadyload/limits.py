@@ -1,47 +1,78 @@
-"""When something gives out besides the dataset: descriptors, memory mappings, the fork
-server, a worker's start. Each builder says what happened, why and what to do, like
-`diagnosis.py` does for dead and hung workers.
+"""When something gives out besides the dataset: descriptors, memory mappings, a worker's
+start. Each builder says what happened, why and what to do, like `diagnosis.py` does for
+dead and hung workers (and dead fork servers).
 """
 
 from __future__ import annotations
 
 import errno as errnos
 import resource
-from collections.abc import Sequence
 
 from ._system import fd_limits, gib, max_map_count, memory_mappings, open_fds
-from .describe import signal_name
-from .errors import SharedMemoryError, WorkerDiedError, WorkerStartError
+from .errors import SharedMemoryError, WorkerStartError
+
+
+def start_refused(*, worker_id: int, method: str, exc: BaseException) -> WorkerStartError:
+    """The error for a worker the fork server (or zygote) did not start, though it runs."""
+    return WorkerStartError(
+        f"DataLoader worker {worker_id} could not start: {type(exc).__name__}: {exc}\n"
+        f"Likely cause: the {method} process that starts workers stopped answering.\n"
+        "Fix: run `steadyload doctor`; if it persists, use start_method='spawn'.",
+        worker_id=worker_id,
+        pid=None,
+    )
+
+
+def fd_limit_fix() -> str:
+    """The one advice for running out of file descriptors, with this process's limits."""
+    soft, hard = fd_limits()
+    return (
+        f"raise the limit (`ulimit -n {hard}`; it is {soft} now), or keep fewer batches "
+        "alive (`.clone()` or `.tolist()` what you keep)"
+    )
 
 
 def start_failed(
-    *, worker_id: int, pid: int | None, method: str, type_name: str, text: str, traceback: str
+    *,
+    worker_id: int,
+    pid: int | None,
+    method: str,
+    type_name: str,
+    text: str,
+    traceback: str,
+    error: int | None = None,
 ) -> WorkerStartError:
-    """The error for a worker whose arguments did not unpickle."""
+    """The error for a worker that could not set itself up: its arguments did not unpickle,
+    or (``error`` EMFILE/ENFILE) it ran out of file descriptors receiving them."""
+    if error in (errnos.EMFILE, errnos.ENFILE):
+        cause = "the worker ran out of file descriptors while it received its arguments."
+        fix = fd_limit_fix() + "; or use fewer SharedLists (one of records, not one per column)."
+    else:
+        cause = (
+            "the dataset, collate_fn or worker_init_fn could not be unpickled in a "
+            f"{method} worker, which imports them by module and name."
+        )
+        fix = (
+            "define them at module level in an importable module (not in a notebook or "
+            "inside a function), or use start_method='fork' when no GPU is in use."
+        )
     return WorkerStartError(
-        f"DataLoader worker {worker_id} (pid {pid}) could not start: "
-        f"{type_name}: {text}\n"
-        "Likely cause: the dataset, collate_fn or worker_init_fn could not be unpickled "
-        f"in a {method} worker, which imports them by module and name.\n"
-        "Fix: define them at module level in an importable module (not in a notebook "
-        "or inside a function), or use start_method='fork' when no GPU is in use.\n"
-        f"Worker traceback:\n{traceback}",
+        f"DataLoader worker {worker_id} (pid {pid}) could not start: {type_name}: {text}\n"
+        f"Likely cause: {cause}\nFix: {fix}\nWorker traceback:\n{traceback}",
         worker_id=worker_id,
         pid=pid,
     )
 
 
 def too_many_files_note() -> str:
-    """What to say about "Too many open files" (EMFILE) raised in a worker."""
+    """What to say about "Too many open files" (EMFILE) raised by dataset code in a worker."""
     import torch.multiprocessing as tmp
 
-    soft, hard = fd_limits()
     return (
-        f"steadyload: 'Too many open files': this process may have {soft} open files "
-        f"(ulimit -n; the hard limit is {hard}); torch's sharing strategy is "
-        f"{tmp.get_sharing_strategy()!r}. Fix: raise the limit (ulimit -n {hard}), close "
-        "files in __getitem__ (use `with open(...)`), or keep fewer batches alive; torch's "
-        "'file_system' sharing strategy uses no descriptor per shared tensor."
+        "steadyload: 'Too many open files' (ulimit -n); torch's sharing strategy is "
+        f"{tmp.get_sharing_strategy()!r}. Fix: {fd_limit_fix()}, or close files in "
+        "__getitem__ (use `with open(...)`); torch's 'file_system' sharing strategy uses no "
+        "descriptor per shared tensor."
     )
 
 
@@ -57,6 +88,7 @@ TORCH_FD_MESSAGE = (
 
 def shared_memory_exhausted(
     *, worker_id: int | None, error: int, detail: str, where: str, segments: int = 0,
+    during: str | None = None,
 ) -> SharedMemoryError:
     """The error for a batch that could not cross: out of descriptors (EMFILE/ENFILE) or of
     mappings (ENOMEM), in the main process or the worker (``where``)."""
@@ -100,75 +132,21 @@ def shared_memory_exhausted(
     else:
         opened = f"{evidence['open_fds']} open, " if evidence["open_fds"] is not None else ""
         first = TORCH_FD_MESSAGE
+        needed = f"; the batch needed {segments or 'its'} descriptor(s)" if during is None else ""
         what = (
-            f"steadyload: the {where} ran out of file descriptors while a batch of worker "
-            f"{worker_id} crossed ({detail}; {opened}soft limit {soft}, hard limit {hard})"
-            f"{kept}; the batch needed {segments or 'its'} descriptor(s)."
+            f"steadyload: the {where} ran out of file descriptors "
+            f"{during or f'while a batch of worker {worker_id} crossed'} ({detail}; "
+            f"{opened}soft limit {soft}, hard limit {hard}){kept}{needed}."
         )
         cause = (
             "the training loop keeps many batches (or tensors from them) alive, each holding "
             "its shared memory open; or `ulimit -n` is low"
         )
         fix = (
-            f"keep fewer batches alive (`.clone()` or `.tolist()` what you keep), or raise "
-            f"the limit (`ulimit -n {hard}`). set_sharing_strategy('file_system') changes "
-            "how torch shares the tensors it sends itself (the dataset's), not "
-            "steadyload's batches"
+            f"{fd_limit_fix()}. set_sharing_strategy('file_system') changes how torch shares "
+            "the tensors it sends itself (the dataset's), not steadyload's batches"
         )
     message = f"{first}\n{what}\nLikely cause: {cause}.\nFix: {fix}."
     return SharedMemoryError(
         message, worker_id=worker_id, errno=error, where=where, evidence=evidence
-    )
-
-
-def server_died(
-    *, method: str, pid: int, exitcode: int | None, worker_pids: Sequence[int | None],
-    batches_held: int, outcome: str,
-) -> WorkerDiedError:
-    """The error (or log text) for a fork server that died, taking its workers with it."""
-    name = signal_name(exitcode)
-    how = (
-        f"was killed by {name}" if name
-        else f"exited with status {exitcode}" if exitcode is not None else "exited"
-    )
-    server = (
-        "fork server" if method == "forkserver"
-        else "zygote (the fork server forked from this process)"
-    )
-    if name == "SIGTERM":
-        cause = (
-            "a job scheduler or supervisor terminated the process group (preemption, a time "
-            "limit); this process got the signal too unless it handles SIGTERM."
-        )
-        fix = (
-            "if the job is being preempted, handle SIGTERM in the training script: save a "
-            "checkpoint (with loader.state_dict()) and exit; otherwise find who sends it."
-        )
-    elif name == "SIGKILL":
-        cause = (
-            "another process sent SIGKILL: the out-of-memory killer (`dmesg` says 'Out of "
-            "memory: Killed process'), a job scheduler or a user's kill -9."
-        )
-        fix = (
-            "find out who sends it; if memory ran out, lower num_workers or what the fork "
-            "server preloads (steadyload.prestart([...]))."
-        )
-    else:
-        cause = "the server process crashed or exited; its stderr, if any, is above."
-        fix = "run `steadyload doctor`; compare with start_method='spawn'."
-    pids = ", ".join(str(p) for p in worker_pids)
-    plural = "es" if batches_held != 1 else ""
-    message = (
-        f"DataLoader worker (pid(s) {pids}) exited unexpectedly\n"
-        f"steadyload: the {server} (pid {pid}) that starts the workers {how}; its "
-        f"{len(worker_pids)} worker(s) went with it, holding {batches_held} batch{plural}. "
-        "No sample was at fault.\n"
-        f"Likely cause: {cause}\nFix: {fix}"
-    )
-    if outcome:
-        message += f"\n{outcome}"
-    return WorkerDiedError(
-        message, worker_id=-1, pid=pid, exitcode=exitcode, signal_name=name,
-        sample_indices=[], evidence={"start_method": method, "server_pid": pid,
-                                     "worker_pids": list(worker_pids)},
     )

@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 import torch.utils.data
 
 from ._system import parse_bytes
-from .checkpoint import Checkpoints
+from .checkpoint import Checkpoints, Mark
 from .iterators.in_process import InProcessIterator
 from .iterators.workers import WorkerIterator
-from .options import LoaderOptions
+from .options import OPTION_NAMES, LoaderOptions, options_of
 from .rebuild_watch import caller_frame, note_read
 from .report import LoaderReport, RunRecord
 from .start.context import StartInfo, resolve_context
@@ -33,10 +33,6 @@ _TORCH_ATTRIBUTES = (
     "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
     "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
     "pin_memory_device", "in_order",
-)  # fmt: skip
-_OPTIONS = (
-    "start_method", "max_restarts", "on_error", "hang_timeout", "max_worker_memory",
-    "sample_seeds",
 )  # fmt: skip
 
 
@@ -172,7 +168,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # Written again now that torch's __init__ has returned: when this class was created
         # inside a Lightning loader hook, Lightning saved torch's arguments only, and it
         # replays on the loader it rebuilds just the attribute writes made after them.
-        for name in _OPTIONS:
+        for name in OPTION_NAMES:
             setattr(self, name, getattr(self, name))
         self._start: tuple[multiprocessing.context.BaseContext, StartInfo] | None = None
         self._last_run: RunRecord | None = None
@@ -192,7 +188,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         torch's DataLoader (`rebuild_watch.py`): that warns once, with the fix.
         """
         note_read(self, caller_frame())
-        return float(self.__dict__["timeout"])
+        return self.__dict__["timeout"]  # as given, like torch: its message prints it
 
     @timeout.setter
     def timeout(self, value: float) -> None:
@@ -230,10 +226,20 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             kwargs["batch_sampler"] = loader.batch_sampler
         else:
             kwargs.update(batch_size=None, sampler=loader.sampler)
-        if isinstance(loader, DataLoader):
-            kwargs.update({name: getattr(loader, name) for name in _OPTIONS})
+        source = loader if isinstance(loader, DataLoader) else None
+        if source is not None:
+            kwargs.update(options_of(source))
         kwargs.update(options)
-        return cls(**kwargs)
+        twin = cls(**kwargs)
+        if source is not None:
+            twin._carry_on_from(source)
+        return twin
+
+    def _carry_on_from(self, other: DataLoader[Any]) -> None:
+        """Go on with ``other``'s run, for a twin that replaces it: its report settings, the
+        "auto" choice, its epoch count and a loaded state not yet used (integrations)."""
+        self._report_every, self._auto = other._report_every, other._auto
+        self._checkpoints = other._checkpoints.for_twin()
 
     def _checked_options(self) -> LoaderOptions:
         """The steadyload options as the public attributes hold them now, checked."""
@@ -300,6 +306,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 IterableDataset without ``state_dict`` is mid-epoch.
         """
         return self._checkpoints.save(self)
+
+    def _mark(self) -> Mark:
+        """Where the loader stands now, in a few µs; `_state_dict_at` makes it a state
+        (for frameworks that note the position at every batch but save it rarely)."""
+        return self._checkpoints.mark(self)
+
+    def _state_dict_at(self, mark: Mark) -> dict[str, Any]:
+        """`state_dict` as it was at ``mark``; raises as `state_dict` does."""
+        return self._checkpoints.save(self, at=mark)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from `state_dict`'s result: the next ``iter(loader)`` continues that epoch.

@@ -7,10 +7,36 @@ recovery policy; torch's own arguments stay on the loader.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .start.context import START_METHODS
 
 ON_ERROR = ("raise", "skip")
+# The DataLoader keyword arguments (and attributes) that hold these options.
+OPTION_NAMES = (
+    "start_method", "max_restarts", "on_error", "hang_timeout", "max_worker_memory",
+    "sample_seeds",
+)  # fmt: skip
+
+
+def options_of(loader: Any) -> dict[str, Any]:
+    """The steadyload options of ``loader`` (a steadyload DataLoader), as keyword arguments."""
+    return {name: getattr(loader, name) for name in OPTION_NAMES}
+
+
+def check_option_names(options: dict[str, Any], where: str) -> dict[str, Any]:
+    """``options`` if every key is a steadyload option, as a new dict.
+
+    Raises:
+        TypeError: naming the unknown key(s), ``where`` they were given, and the options.
+    """
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise TypeError(
+            f"{where} has unknown steadyload option(s) {', '.join(map(repr, unknown))}; the "
+            f"options are {', '.join(OPTION_NAMES)} (torch's own arguments go to the loader)"
+        )
+    return dict(options)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,14 +1,25 @@
-"""What the supervisor reports besides workers' messages: deaths and failures to receive.
+"""What the supervisor reports besides workers' other messages: received batches, deaths
+and failures to receive.
 
 `Supervisor.wait` returns ``(worker_id, event)`` pairs; these are the events the parent
-itself observed (the workers' own messages are in protocol.py).
+itself makes (the workers' own messages are in protocol.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from .protocol import Done
 from .status import Progress
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """Event: a worker's finished task, with its batch rebuilt from shared memory here."""
+
+    done: Done
+    batch: Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,27 +8,18 @@ interrupted teardown resumes where it stopped (docs/design/shutdown.md).
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import signal
 import socket
 from multiprocessing.process import BaseProcess
 
+from .._system import close_fds, pidfd_open
+from ..start.servers import ServerRef
 from . import channel
-from .protocol import Stop
+from .events import Received, ReceiveFailed
+from .protocol import Done, Stop
 from .status import StatusBlock
 from .transport import SegmentMap
-
-
-def _pidfd(pid: int | None) -> int | None:
-    # A pidfd names the process itself, also after its parent (the fork server) died and it
-    # was re-parented: killing through it never hits a recycled pid. Linux >= 5.3.
-    if pid is None or not hasattr(os, "pidfd_open"):
-        return None
-    try:
-        return os.pidfd_open(pid)
-    except OSError:  # already gone
-        return None
 
 
 class WorkerView:
@@ -85,13 +76,15 @@ class Handle:
 
     __slots__ = (
         "worker_id", "process", "reader", "segments", "pid", "started_at", "status", "pidfd",
-        "view", "stop_sent", "closed",
+        "view", "stop_sent", "closed", "server",
     )
 
     def __init__(
         self, worker_id: int, process: BaseProcess, sock: socket.socket, started_at: float,
-        status: StatusBlock,
+        status: StatusBlock, server: ServerRef | None,
     ) -> None:
+        self.server = server
+        """The fork server (or zygote) that forked it; None under fork and spawn."""
         self.worker_id = worker_id
         self.started_at = started_at
         self.status = status
@@ -99,7 +92,7 @@ class Handle:
         self.pid = process.pid
         self.reader = channel.Reader(sock)
         self.segments = SegmentMap()
-        self.pidfd = _pidfd(process.pid)
+        self.pidfd = pidfd_open(process.pid)
         self.view = WorkerView(worker_id, process)
         self.stop_sent = False
         self.closed = False
@@ -114,6 +107,32 @@ class Handle:
             return True
         except (channel.ChannelClosed, channel.ChannelStuck, OSError):
             return False
+
+    def receive(self) -> list[object]:
+        """The worker's complete messages read so far, each `Done` as a `Received` (its batch
+        mapped here) or a `ReceiveFailed`; never blocks."""
+        try:
+            messages = self.reader.read()
+        except channel.DescriptorsLost as exc:
+            return [ReceiveFailed(None, exc.errno or 0, str(exc), 0)]
+        events: list[object] = []
+        for msg in messages:
+            if not isinstance(msg, Done):
+                events.append(msg)
+                continue
+            try:
+                fds = self.reader.take_fds(len(msg.new_segments))
+                self.segments.receive(msg.new_segments, fds)
+                self.segments.retire(msg.retired)
+                batch = self.segments.unpack(msg.payload, msg.segments)
+            except OSError as exc:
+                detail = f"{type(exc).__name__}: {exc}"
+                events.append(
+                    ReceiveFailed(msg.task_id, exc.errno or 0, detail, len(msg.new_segments))
+                )
+                continue
+            events.append(Received(msg, batch))
+        return events
 
     def request_stop(self) -> None:
         """Ask the worker to stop and close the parent's end (each done once)."""
@@ -156,6 +175,5 @@ class Handle:
             self.process.close()  # releases the sentinel's descriptor now, not at GC
         self.view.reaped(exitcode)
         if self.pidfd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.pidfd)
+            close_fds([self.pidfd])
             self.pidfd = None

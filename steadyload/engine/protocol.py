@@ -125,8 +125,11 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class StartFailed:
-    """The worker could not set itself up (its arguments did not unpickle)."""
+    """The worker could not set itself up (its arguments did not unpickle, or it ran out of
+    descriptors receiving them)."""
 
     type_name: str
     text: str
     traceback: str
+    errno: int | None = None
+    """The OSError's errno when that was the failure (EMFILE: out of descriptors)."""

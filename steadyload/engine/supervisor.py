@@ -13,6 +13,7 @@ task) is kept by the caller, `iterators/workers.py`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -24,16 +25,18 @@ from multiprocessing.connection import wait
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from ..errors import WorkerStartError
+from .. import limits
 from ..pickling import unimportable_main_hidden
 from ..start import servers
+from ..start.servers import ServerRef
 from . import channel
 from .config import Deferred, WorkerConfig
-from .events import Died, ReceiveFailed, ServerDied, ServerGone
+from .events import Died, ServerDied, ServerGone
 from .handles import Handle, WorkerView
-from .interrupts import held_interrupts
+from .interrupts import interrupts_allowed
 from .lifecycle import teardown
-from .protocol import Done, Reset, Restore, Task
+from .protocol import Reset, Restore, Task
+from .server_watch import ServerWatch
 from .status import Progress, StatusBlock
 from .worker import worker_main
 
@@ -41,17 +44,12 @@ _LOG = logging.getLogger(__name__)
 SERVER = -1  # the "worker id" of events about the fork server itself
 
 
-def _close_all(fds: list[int]) -> None:
-    while fds:
-        with contextlib.suppress(OSError):
-            os.close(fds.pop())
-
-
-def _stop_all(live: list[Handle], server_fds: list[int], grace_s: float) -> None:
+def _stop_all(live: list[Handle], server_fds: dict[ServerRef, int], grace_s: float) -> None:
     """The teardown: also what the finalizer runs at garbage collection or exit."""
-    with held_interrupts():  # a Ctrl-C is delivered once all of it is done
-        teardown(live, grace_s)
-        _close_all(server_fds)
+    try:
+        teardown(live, grace_s)  # a held Ctrl-C is raised at its end
+    finally:
+        ServerWatch(server_fds).close()
 
 
 class Supervisor:
@@ -79,10 +77,10 @@ class Supervisor:
         self._grace_s = grace_s
         self._handles: list[Handle | None] = [None] * num_workers
         self._live: list[Handle] = []  # shared with the finalizer; never reassigned
-        self._server_fds: list[int] = []  # the server's pidfd, if any; shared likewise
-        self._finalizer = weakref.finalize(self, _stop_all, self._live, self._server_fds, grace_s)
+        server_fds: dict[ServerRef, int] = {}  # shared likewise
+        self._servers = ServerWatch(server_fds)
+        self._finalizer = weakref.finalize(self, _stop_all, self._live, server_fds, grace_s)
         self._deferred: Deferred | None = None
-        self._server: servers.ServerRef | None = None
         self.views: list[WorkerView | None] = [None] * num_workers
         """Each worker id's latest process, as ``iterator._workers`` shows it."""
         self.running = False
@@ -123,6 +121,20 @@ class Supervisor:
         self._spawn(worker_id)
 
     def _spawn(self, worker_id: int) -> None:
+        try:
+            self._start_one(worker_id)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            raise limits.shared_memory_exhausted(
+                worker_id=worker_id,
+                error=exc.errno,
+                detail=f"{type(exc).__name__}: {exc}",
+                where="main process",
+                during=f"while starting worker {worker_id}",
+            ) from exc
+
+    def _start_one(self, worker_id: int) -> None:
         assert self._deferred is not None
         deferred = self._deferred
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
@@ -136,6 +148,7 @@ class Supervisor:
             name=f"steadyload-worker-{worker_id}",
             daemon=True,
         )
+        server = self._servers.watch(self._method)
         try:
             with unimportable_main_hidden():
                 process.start()
@@ -143,16 +156,10 @@ class Supervisor:
             sock.close()
             status.close()
             # CPython's fork-server client, talking to a server that died in the meantime.
-            self._watch_server()
-            event = self._server_death(wait_s=2.0)
+            event = self._server_death(server, wait_s=2.0) if server is not None else None
             if event is not None:
                 raise ServerGone(event) from exc
-            raise WorkerStartError(
-                f"DataLoader worker {worker_id} could not start: {type(exc).__name__}: {exc}\n"
-                f"Likely cause: the {self._method} process that starts workers stopped "
-                "answering.\nFix: run `steadyload doctor`; if it persists, use "
-                "start_method='spawn'.", worker_id=worker_id, pid=None,
-            ) from exc
+            raise limits.start_refused(worker_id=worker_id, method=self._method, exc=exc) from exc
         except BaseException:
             sock.close()
             status.close()
@@ -166,11 +173,12 @@ class Supervisor:
                 socket.send_fds(sock, [b"F"], table[at : at + channel.MAX_FDS])
         except OSError:
             pass  # died at once; its sentinel will say so
-        handle = Handle(worker_id, process, sock, started_at, status)
+        # CPython restarts a dead fork server at a start: whichever forked it is its server.
+        server = self._servers.watch(self._method)
+        handle = Handle(worker_id, process, sock, started_at, status, server)
         self._handles[worker_id] = handle
         self.views[worker_id] = handle.view
         self._live.append(handle)
-        self._watch_server()
         _LOG.debug("started worker %d (pid %s)", worker_id, process.pid)
 
     def shutdown(self) -> None:
@@ -180,7 +188,7 @@ class Supervisor:
         if self._finalizer.alive:
             self._finalizer()  # once: the same call runs at garbage collection or exit
         elif self._live:
-            _stop_all(self._live, self._server_fds, self._grace_s)
+            _stop_all(self._live, self._servers.fds, self._grace_s)
 
     @property
     def stopped(self) -> bool:
@@ -188,39 +196,26 @@ class Supervisor:
         return not self._live
 
     # -- the fork server ---------------------------------------------------------------------
-    def _watch_server(self) -> None:
-        server = servers.current(self._method)
-        if server is None or server == self._server:
-            return
-        _close_all(self._server_fds)
-        self._server = server
-        fd = servers.pidfd(server)
-        if fd is not None:
-            self._server_fds.append(fd)
-
-    def _server_death(self, wait_s: float = 0.0) -> ServerDied | None:
-        """If the fork server has exited (waiting at most ``wait_s``), bury every worker it
+    def _server_death(self, server: ServerRef, wait_s: float = 0.0) -> ServerDied | None:
+        """If ``server`` has exited (waiting at most ``wait_s``), bury every worker it
         forked and return the one event for it. [Unit: second]"""
-        server = self._server
-        if server is None or not servers.wait_exited(server, wait_s):
+        exited, exitcode = self._servers.exited(server, wait_s)
+        if not exited:
             return None
-        _, exitcode = servers.exit_status(server)
         gone = []
-        for h in list(self._live):
+        for h in [h for h in self._live if h.server == server]:
             gone.append((h.worker_id, h.pid, h.status.progress()))
             self._live.remove(h)
             h.close_channels()
             h.kill_orphan()  # its parent died, not it: it would run on
             h.finish()
-        _close_all(self._server_fds)
-        self._server = None
+        self._servers.forget(server)
         _LOG.debug("the %s (pid %d) exited with %s", server.method, server.pid, exitcode)
         return ServerDied(server.method, server.pid, exitcode, tuple(gone))
 
     def restart_server(self, dead: ServerDied) -> tuple[str, ...]:
         """Start a new fork server in place of ``dead``; the preloads it was asked for."""
-        _, preload = servers.restart(servers.ServerRef(dead.method, dead.pid))
-        self._watch_server()
+        _, preload = servers.restart(ServerRef(dead.method, dead.pid))
         return preload
 
     # -- messaging ---------------------------------------------------------------------------
@@ -270,7 +265,7 @@ class Supervisor:
         """Block until a message or a death arrives, or ``timeout_s`` passes. [Unit: second]
 
         Returns ``(worker_id, event)`` pairs: a protocol message (a `Done` comes back as
-        ``(done, batch)``), `Died`, `ReceiveFailed`, or ``(SERVER, ServerDied)`` once for a
+        `Received`), `Died`, `ReceiveFailed`, or ``(SERVER, ServerDied)`` once for a
         fork server that died with all its workers. Messages a worker sent before it died
         come first.
         """
@@ -279,12 +274,16 @@ class Supervisor:
             if not h.reader.closed:
                 by_object[h.reader] = ("conn", h)
             by_object[h.process.sentinel] = ("sentinel", h)
-        if self._server_fds and self._live:
-            by_object[self._server_fds[0]] = ("server", None)
+        fired: dict[int, ServerRef] = {}
+        if self._live:
+            for fd, server in self._servers.waitables():
+                by_object[fd] = ("server", None)
+                fired[fd] = server
         if not by_object:
             return []
         events: list[tuple[int, object]] = []
-        ready = wait(list(by_object), timeout=timeout_s)
+        with interrupts_allowed():  # the one blocking call: Ctrl-C leaves nothing half-done
+            ready = wait(list(by_object), timeout=timeout_s)
         for obj in ready:
             kind, owner = by_object[obj]
             if kind == "conn" and owner is not None:
@@ -301,52 +300,36 @@ class Supervisor:
                 exited.append(h)
         # A fork server reports 255 for each worker when it dies itself; its own exit can
         # lag a moment behind the closing of their sentinels.
-        server_fired = any(by_object[obj][0] == "server" for obj in ready)
-        if server_fired or any(h.process.exitcode == 255 for h in exited):
+        suspects = {fired[obj] for obj in ready if obj in fired}
+        suspects |= {h.server for h in exited if h.process.exitcode == 255 and h.server}
+        if suspects:
             for live in list(self._live):  # what they sent before the server died counts
                 self._receive(live, events)
-            died = self._server_death(wait_s=1.0)
-            if died is not None:
-                events.append((SERVER, died))
-                return events
+            for server in suspects:
+                died = self._server_death(server, wait_s=1.0)
+                if died is not None:
+                    events.append((SERVER, died))
         for h in exited:
             if h in self._live:
                 self._receive(h, events)  # what it sent before dying comes first
                 events.append((h.worker_id, self._bury(h)))
         return events
 
-    def _receive(self, h: Handle, events: list[tuple[int, object]]) -> None:
-        try:
-            messages = h.reader.read()
-        except channel.DescriptorsLost as exc:
-            events.append((h.worker_id, ReceiveFailed(None, exc.errno or 0, str(exc), 0)))
-            return
-        for msg in messages:
-            if not isinstance(msg, Done):
-                events.append((h.worker_id, msg))
-                continue
-            try:
-                fds = h.reader.take_fds(len(msg.new_segments))
-                h.segments.receive(msg.new_segments, fds)
-                h.segments.retire(msg.retired)
-                batch = h.segments.unpack(msg.payload, msg.segments)
-            except OSError as exc:
-                events.append((h.worker_id, ReceiveFailed(
-                    msg.task_id, exc.errno or 0, f"{type(exc).__name__}: {exc}",
-                    len(msg.new_segments),
-                )))
-                continue
-            events.append((h.worker_id, (msg, batch)))
+    @staticmethod
+    def _receive(h: Handle, events: list[tuple[int, object]]) -> None:
+        events.extend((h.worker_id, event) for event in h.receive())
 
     def progress(self, worker_id: int) -> Progress | None:
         """What the worker is doing now, from its status block."""
         h = self._handles[worker_id]
         return h.status.progress() if h is not None and h in self._live else None
 
-    def partial(self, worker_id: int) -> bool:
-        """Whether part of a message from the worker has arrived and the rest not yet."""
+    def on_its_way(self, worker_id: int) -> bool:
+        """Whether a message from the worker is waiting to be read, or half-read."""
         h = self._handles[worker_id]
-        return h is not None and h in self._live and h.reader.partial
+        if h is None or h not in self._live:
+            return False
+        return h.reader.partial or bool(wait([h.reader.sock], timeout=0))
 
     def dump_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
         """Ask a (hung) worker for the Python stacks of all its threads, and return them.

@@ -20,7 +20,6 @@ import os
 import pickle
 import queue
 import random
-import resource
 import signal
 import socket
 import sys
@@ -183,8 +182,9 @@ class _MemoryCap:
         return uss if uss > self.cap else None
 
 
-def _receive_descriptors(sock: socket.socket, count: int) -> None:
-    """The shared lists' descriptors, sent beside the arguments (memory/descriptors.py)."""
+def _receive_descriptors(sock: socket.socket, count: int) -> bool:
+    """The shared lists' descriptors, sent beside the arguments (memory/descriptors.py);
+    False when the parent is gone. Raises EMFILE when the kernel dropped some."""
     fds: list[int] = []
     while len(fds) < count:
         _, got, flags, _ = socket.recv_fds(sock, 1, channel.MAX_FDS)
@@ -192,15 +192,15 @@ def _receive_descriptors(sock: socket.socket, count: int) -> None:
         if flags & socket.MSG_CTRUNC or not got:
             descriptors.install(fds)
             descriptors.close_unused()
-            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            if not got and not flags & socket.MSG_CTRUNC:
+                return False  # EOF: the parent is gone
             raise OSError(
                 errno.EMFILE,
                 f"the worker received {len(fds)} of the {count} descriptors of the "
-                f"dataset's SharedLists: it may have {soft} open files (ulimit -n; the hard "
-                f"limit is {hard}). Raise the limit, or use fewer SharedLists (one list of "
-                "records rather than one SharedList per column)",
+                "dataset's SharedLists",
             )
     descriptors.install(fds)
+    return True
 
 
 def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
@@ -214,13 +214,20 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
         return  # the parent is gone already
     status = WorkerStatus(fds[0])
     try:
-        _receive_descriptors(sock, deferred.descriptors)
+        if not _receive_descriptors(sock, deferred.descriptors):
+            return
         cfg: WorkerConfig = deferred.get()
         descriptors.close_unused()
     except BaseException as exc:
         type_name, text = describe_exception(exc)
         channel.send(
-            sock, StartFailed(type_name=type_name, text=text, traceback=format_traceback(exc))
+            sock,
+            StartFailed(
+                type_name=type_name,
+                text=text,
+                traceback=format_traceback(exc),
+                errno=exc.errno if isinstance(exc, OSError) else None,
+            ),
         )
         return
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()

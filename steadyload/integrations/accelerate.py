@@ -16,7 +16,6 @@ adopted loader's ``state_dict()`` per rank (``steadyload_loader_<i>_rank<r>.pt``
 
 from __future__ import annotations
 
-import copy
 import os
 import warnings
 import weakref
@@ -25,12 +24,13 @@ from typing import Any
 import torch
 
 from .. import rebuild_watch
-from ..loader import _OPTIONS, DataLoader
+from ..loader import DataLoader
+from ..options import check_option_names, options_of
 
 TESTED = "1.15"  # the accelerate release this module was written and tested against
 STATE_FILE = "steadyload_loader_{index}_rank{rank}.pt"
 
-_DEFERRED = "_steadyload_state_error"  # the ValueError state_dict() must raise, or None
+_MARK = "_steadyload_mark"  # (mark, end of dataloader, next iteration) of the last batch
 _NEXT_ITERATION = "accelerate_next_iteration"  # the shard's epoch counter, in its state
 _PREPARED: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 _WARNED_UNSAVED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -67,22 +67,9 @@ def _accelerate() -> Any:
     return adl
 
 
-def _options_of(loader: DataLoader[Any]) -> dict[str, Any]:
-    return {name: getattr(loader, name) for name in _OPTIONS}
-
-
-def _check_names(options: dict[str, Any]) -> None:
-    unknown = sorted(set(options) - set(_OPTIONS))
-    if unknown:
-        raise TypeError(
-            f"unknown steadyload option(s) {', '.join(unknown)}; the options are "
-            f"{', '.join(_OPTIONS)}"
-        )
-
-
 def _set_options(loader: DataLoader[Any], options: dict[str, Any]) -> None:
-    _check_names(options)
-    before = _options_of(loader)
+    check_option_names(options, "adopt()")
+    before = options_of(loader)
     for name, value in options.items():
         setattr(loader, name, value)
     try:
@@ -124,7 +111,7 @@ def adopt(loader: Any, **options: Any) -> Any:
         ValueError: an option has a bad value.
         RuntimeError: accelerate lacks a name this relies on (another accelerate release).
     """
-    _check_names(options)
+    check_option_names(options, "adopt()")
     base = steadyload_base(loader)
     if base is not None:
         if options:
@@ -155,23 +142,22 @@ def adopt(loader: Any, **options: Any) -> Any:
 
 def _install_state_hooks(shard: Any) -> None:
     """Per-instance ``_update_state_dict``/``state_dict``/``load_state_dict`` for an adopted
-    shard: errors deferred, the shard's epoch counter carried in the state."""
-    cls = type(shard)
+    shard: the position marked at each batch, a state built (or its error raised) only when
+    asked, the shard's epoch counter carried in the state."""
     ref = weakref.ref(shard)  # no cycle: a dropped shard ends its persistent workers at once
 
     def _update_state_dict() -> None:
+        # accelerate calls this before each batch it takes: a mark costs a few µs, a state
+        # (generators cloned, samplers copied) far more.
         me = ref()
         if me is None:
             return
-        try:
-            cls._update_state_dict(me)
-        except ValueError as exc:  # steadyload cannot save this position (checkpoint.py)
-            me.__dict__[_DEFERRED] = exc
-            return
-        me.__dict__[_DEFERRED] = None
+        next_iteration = None
         if hasattr(me, "iteration"):  # the next epoch set_epoch() will be given
             ended = bool(getattr(me, "end_of_dataloader", False))
-            me.dl_state_dict[_NEXT_ITERATION] = me.iteration + int(ended)
+            next_iteration = me.iteration + int(ended)
+        mark = me.base_dataloader._mark()
+        me.__dict__[_MARK] = (mark, bool(getattr(me, "end_of_dataloader", False)), next_iteration)
 
     def state_dict() -> dict[str, Any]:
         """The position after the batches this shard has yielded (see DataLoader.state_dict).
@@ -180,16 +166,20 @@ def _install_state_hooks(shard: Any) -> None:
             ValueError: steadyload cannot save this loader's position (with the fix).
         """
         me = _alive(ref)
-        error = me.__dict__.get(_DEFERRED)
-        if error is not None:
-            raise ValueError(*error.args)
-        return copy.deepcopy(me.dl_state_dict)
+        mark, finished, next_iteration = me.__dict__[_MARK]
+        # (accelerate's adjust_state_dict_for_prefetch changes only torchdata's keys.)
+        state = me.base_dataloader._state_dict_at(mark)
+        state["_iterator_finished"] = finished
+        if next_iteration is not None:
+            state[_NEXT_ITERATION] = next_iteration
+        return state
 
     def load_state_dict(state_dict: dict[str, Any]) -> None:
         """Resume from `state_dict`'s result: the next epoch continues the saved one."""
         me = _alive(ref)
         state = dict(state_dict)
         next_iteration = state.pop(_NEXT_ITERATION, None)
+        state.pop("_iterator_finished", None)
         me.base_dataloader.load_state_dict(state)
         if next_iteration is not None and hasattr(me, "iteration"):
             me.iteration = next_iteration
@@ -232,10 +222,10 @@ def prepare(accelerator: Any, *objects: Any, device_placement: list[bool] | None
     out = []
     for original, prepared in zip(objects, results, strict=True):
         if isinstance(original, DataLoader) and prepared is not original:
-            prepared = adopt(prepared, **_options_of(original))
+            prepared = adopt(prepared, **options_of(original))
             base = steadyload_base(prepared)
-            if base is not None:  # what the options do not cover
-                base._report_every, base._auto = original._report_every, original._auto
+            if base is not None:  # what the options do not cover: the run goes on
+                base._carry_on_from(original)
             _register(accelerator, prepared)
         out.append(prepared)
     return out[0] if len(objects) == 1 else tuple(out)
@@ -337,4 +327,4 @@ def skip_first_batches(loader: Any, num_batches: int = 0) -> Any:
         return loader
     with rebuild_watch.adopting():
         skipped = adl.skip_first_batches(loader, num_batches)
-    return adopt(skipped, **_options_of(base))
+    return adopt(skipped, **options_of(base))

@@ -19,6 +19,7 @@ from typing import Any
 import torch.utils.data as tud
 from torch.utils.data.distributed import DistributedSampler
 
+from ..checkpoint import Mark
 from ..loader import DataLoader
 
 
@@ -127,7 +128,8 @@ class _Position:
     (``_prefetch_next_batch``), so the loader has always yielded one batch more than the
     loop received. The state is therefore taken just before each prefetch: that is the
     position after the batches the loop has; once the prefetch finds the epoch's end, the
-    loader's own (finished) state is. About 10 µs per batch (measured here). Holds
+    loader's own (finished) state is. The mark costs a few µs per batch; the state
+    is built only when asked for. Holds
     the wrapper weakly: the wrapper holds this, and a cycle would keep a dropped wrapper's
     iterator, and its workers, alive until the next garbage collection.
     """
@@ -136,30 +138,24 @@ class _Position:
         self._loader = loader
         self._wrapper = weakref.ref(wrapper)
         self._prefetch: Callable[[Any], None] = type(wrapper)._prefetch_next_batch
-        self._state: dict[str, Any] | ValueError | None = None
+        self._mark: Mark | None = None
 
     def prefetch(self) -> None:
-        try:
-            self._state = self._loader.state_dict()
-        except ValueError as error:  # a sampler steadyload cannot replay: raised if asked
-            self._state = error
+        self._mark = self._loader._mark()  # a state is built from it only if one is asked for
         wrapper = self._wrapper()
         if wrapper is not None:
             self._prefetch(wrapper)
             if wrapper.next_batch is None:  # the loader is exhausted: its own state says so
-                self._state = None
+                self._mark = None
 
     def state_dict(self) -> dict[str, Any]:
-        state = self._state
-        if state is None:
+        if self._mark is None:
             return self._loader.state_dict()  # not iterated since built or loaded
-        if isinstance(state, ValueError):
-            raise state
-        return state
+        return self._loader._state_dict_at(self._mark)  # raises as state_dict() does
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._loader.load_state_dict(state_dict)
-        self._state = None
+        self._mark = None
 
 
 def _expose(prepared: tud.DataLoader[Any], loader: DataLoader[Any]) -> None:

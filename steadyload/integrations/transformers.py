@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..loader import _OPTIONS
+from ..options import check_option_names
 from ..report import LoaderReport
 from .accelerate import adopt, skip_first_batches, steadyload_base
 
@@ -61,17 +61,6 @@ def _check_transformers() -> None:
             f"transformers=={TESTED}.* or a steadyload release that supports transformers "
             f"{_transformers.__version__}."
         )
-
-
-def _check_options(options: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - set(_OPTIONS))
-    if unknown:
-        raise TypeError(
-            f"steadyload_options has unknown key(s) {', '.join(map(repr, unknown))}; the "
-            f"options are {', '.join(_OPTIONS)} (torch's arguments come from the "
-            "TrainingArguments' dataloader_* fields)"
-        )
-    return dict(options)
 
 
 def _skip_or_resume(original: Callable[..., Any], dataloader: Any, num_batches: int = 0) -> Any:
@@ -201,7 +190,7 @@ class SteadyloadTrainerMixin(_MixinBase):
     ) -> None:
         _check_transformers()
         options = {**type(self).steadyload_options, **(steadyload_options or {})}
-        self.steadyload_options = _check_options(options)
+        self.steadyload_options = check_option_names(options, "steadyload_options")
         super().__init__(*args, **kwargs)
         self._steadyload_state = _LoaderState()
         self.add_callback(self._steadyload_state)

@@ -130,14 +130,18 @@ class EmptyBatches:
         self._collate_fn = collate_fn
         self._collate_ok: bool | None = None
         self._template: Any = UNSET
+        self._unmakeable = ""  # why no empty batch can be shaped like the loaded ones
 
     def learn(self, batch: Any) -> None:
         """A batch that loaded: remember its structure (once)."""
         if self._template is UNSET:
             try:
                 self._template = empty_like(batch)
-            except TypeError as exc:
-                self._template = exc
+            except Exception as exc:  # e.g. nested tensors raise RuntimeError
+                # Keep the words, not the exception: its traceback would hold this frame,
+                # the iterator and its workers alive after the loop drops them.
+                self._template = None
+                self._unmakeable = f"{type(exc).__name__}: {exc}"
 
     @property
     def ready(self) -> bool:
@@ -154,15 +158,14 @@ class EmptyBatches:
         """An empty batch; call only when `ready`."""
         if self._collate_ok:
             return self._collate_fn([])
-        template = self._template
-        if isinstance(template, TypeError):
+        if self._unmakeable:
             raise TypeError(
-                f"{template}: every sample of a batch was skipped (on_error='skip'), and "
+                f"{self._unmakeable}: every sample of a batch was skipped (on_error='skip'), and "
                 "steadyload yields such a batch empty so that the number of batches never "
                 "changes.\nFix: let your collate_fn accept an empty list and return an "
                 "empty batch."
             ) from None
-        return empty_like(template)
+        return empty_like(self._template)
 
 
 class TimedNext:

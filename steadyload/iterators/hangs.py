@@ -97,14 +97,21 @@ class Watchdog:
                 awaited[task.worker_id] = min(awaited.get(task.worker_id, tid), tid)
         for worker_id, oldest in awaited.items():
             progress = self._supervisor.progress(worker_id)
-            if progress is None or progress.stage != IDLE or progress.task_id < oldest:
+            if progress is None:
+                lost = f"its worker {worker_id} is gone and was not replaced"
+            elif progress.stage != IDLE or progress.task_id < oldest:
                 continue
-            if self._supervisor.partial(worker_id):
+            # The status first, the socket then: a worker that sends its outcome and goes
+            # idle in between is seen readable here, never taken for a lost message.
+            elif self._supervisor.on_its_way(worker_id):
                 continue
+            else:
+                lost = (
+                    f"worker {worker_id} (pid {self._supervisor.pid(worker_id)}) finished "
+                    f"task {progress.task_id}, and nothing is on its way"
+                )
             raise RuntimeError(
-                f"[steadyload internal error] worker {worker_id} (pid "
-                f"{self._supervisor.pid(worker_id)}) finished task {progress.task_id} but its "
-                f"outcome (task {oldest}) never arrived, and nothing is on its way; "
-                "steadyload stops instead of waiting forever. Please report with the "
-                "output of `steadyload doctor`"
+                f"[steadyload internal error] the outcome of task {oldest} never arrived: "
+                f"{lost}; steadyload stops instead of waiting forever. Please report with "
+                "the output of `steadyload doctor`"
             )

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import limits
-from ..engine.events import Died, ReceiveFailed, ServerDied
+from ..engine.events import Died, Received, ReceiveFailed, ServerDied
 from ..engine.protocol import Empty, Exhausted, Failed, Ready, Retire, StartFailed
 from ..engine.supervisor import Supervisor
 from ..errors import SharedMemoryError
@@ -54,8 +54,8 @@ class Outcomes:
         def _try_put_index(self, force: bool = False) -> bool: ...
 
     def _on_event(self, worker_id: int, event: Any) -> None:
-        if isinstance(event, tuple):
-            done, batch = event
+        if isinstance(event, Received):
+            done, batch = event.done, event.batch
             task = self._settle(done.task_id)
             self._record_skips(done.skipped)
             self._guard.delivered()
@@ -111,6 +111,7 @@ class Outcomes:
             raise limits.start_failed(
                 worker_id=worker_id, pid=pid, method=self._start_info.method,
                 type_name=event.type_name, text=event.text, traceback=event.traceback,
+                error=event.errno,
             )
         else:
             raise RuntimeError(

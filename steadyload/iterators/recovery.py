@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .. import _system, diagnosis, limits
+from .. import _system, diagnosis
 from ..engine.events import Died, ServerDied, ServerGone
 from ..engine.fetch import ITERABLE
 from ..engine.status import IDLE, LOADING, STAGES, Progress
@@ -247,7 +247,7 @@ class Recovery:
         self._stale = {t: w for t, w in self._stale.items() if w not in workers}
 
         def error(outcome: str) -> BaseException:
-            return limits.server_died(
+            return diagnosis.server_died(
                 method=died.method, pid=died.pid, exitcode=died.exitcode,
                 worker_pids=[pid for _, pid, _ in died.workers], batches_held=batches,
                 outcome=outcome,

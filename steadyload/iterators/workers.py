@@ -14,20 +14,20 @@ import itertools
 import logging
 import multiprocessing.context
 import time
-from collections.abc import Callable
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterDataPipe, MapDataPipe
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .. import _system, diagnosis
 from ..checkpoint import Checkpoints, EpochProgress
+from ..engine import interrupts
 from ..engine.config import WorkerConfig
 from ..engine.events import ServerGone
 from ..engine.fetch import ITERABLE
 from ..engine.handles import WorkerView
-from ..engine.interrupts import held_interrupts, interrupts_allowed
+from ..engine.interrupts import held_interrupts
 from ..engine.supervisor import Supervisor
 from ..epoch_order import stateful
 from ..memory.advice import check_copy_on_read, check_dataset_shm, raise_fd_limit
@@ -43,6 +43,20 @@ from .recovery import Recovery
 from .tasks import EMPTY, EpochTable, TaskEntry
 
 _LOG = logging.getLogger(__name__)
+
+
+def _refuse_datapipes(dataset: object) -> None:
+    """Refuse a DataPipe: its workers need sharding and a shared shuffle seed, which
+    steadyload's workers do not apply, so every worker would yield the whole pipe."""
+    if isinstance(dataset, (IterDataPipe, MapDataPipe)):
+        pipe = getattr(dataset, "_datapipe", dataset)  # torch's serialization wrapper
+        raise TypeError(
+            f"steadyload does not run a {type(pipe).__qualname__} (a torch DataPipe) in "
+            "worker processes: DataPipes shard themselves across workers through torch's "
+            "own worker loop, which steadyload's workers do not run, so every worker "
+            "would yield every sample.\nFix: use num_workers=0, or an IterableDataset that "
+            "splits its stream with get_worker_info() (DataPipes are deprecated in torch)."
+        )
 
 
 class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIter):
@@ -61,6 +75,7 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         self._opts = options
         self._checkpoints = checkpoints
         self._ctx, self._start_info = start
+        _refuse_datapipes(self._dataset)
         guards.check_fork_safe(self._start_info.method)
         guards.check_main_guard(self._start_info.method)
         guards.warn_if_threads_before_fork(self._start_info.method)
@@ -103,8 +118,9 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         self._guard = SkipGuard()
         self._oom_kills = _system.cgroup_memory().oom_kills
         self._stash: tuple[Any, TaskEntry] | None = None  # a batch held back by Ctrl-C
-        self._handing: tuple[Any, TaskEntry, Callable[[], None]] | None = None
+        self._handing: tuple[Any, TaskEntry, tuple[Any, int | None]] | None = None
         self._views: list[WorkerView | None] = []
+        self._attached = False  # to engine/interrupts.py, while workers run
         self._start_workers()
         self._reset(loader, first_iter=True)
 
@@ -120,6 +136,9 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
             supervisor.start()
         self._supervisor = supervisor
         self._views = supervisor.views
+        if not self._attached:  # Ctrl-C held at safe points for this iterator's life
+            self._attached = True
+            interrupts.attach()
         self._memory = MemorySampler(supervisor.pids)
         self.record.memory = self._memory.snapshot
         _LOG.debug(
@@ -132,12 +151,15 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         if memory is not None:
             memory.stop()
         supervisor = self._supervisor
-        if supervisor is not None:
-            try:
+        try:
+            if supervisor is not None:
                 supervisor.shutdown()  # a held Ctrl-C is raised once it has finished
-            finally:
-                if supervisor.stopped:
-                    self._supervisor = None
+        finally:
+            if supervisor is not None and supervisor.stopped:
+                self._supervisor = None
+            if self._attached and self._supervisor is None:
+                self._attached = False
+                interrupts.detach()
 
     @property
     def _workers(self) -> list[WorkerView | None]:
@@ -146,8 +168,8 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         return list(self._views)
 
     def __del__(self) -> None:
-        if getattr(self, "_supervisor", None) is not None:  # __init__ may have failed
-            self._shutdown_workers()
+        if getattr(self, "_supervisor", None) is not None or getattr(self, "_attached", False):
+            self._shutdown_workers()  # (__init__ may have failed half-way)
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         with held_interrupts():  # a task recorded but never sent would wait forever
@@ -155,6 +177,7 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
 
     def _reset_epoch(self, loader: Any, first_iter: bool) -> None:
         super()._reset(loader, first_iter)
+        self._stash = self._handing = None  # a batch held back by Ctrl-C was last epoch's
         self._progress: EpochProgress = self._checkpoints.begin_epoch(loader, self)
         if self._supervisor is None:
             # Persistent workers that were stopped by an error: start afresh.
@@ -303,34 +326,31 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
             return self._empty.make()
         return self._process(task)
 
-    def _commit(self, task: TaskEntry) -> Callable[[], None]:
-        """The batch of ``task`` is handed to the caller: it counts as yielded. Returns
-        what undoes that (a Ctrl-C at the last moment keeps the batch for the next call)."""
+    def _commit(self, task: TaskEntry) -> tuple[Any, int | None]:
+        """The batch of ``task`` is handed to the caller: it counts as yielded. Returns what
+        `_hold_back` needs to undo that (a Ctrl-C at the last moment keeps the batch)."""
         progress = self._progress
-        yielded = (progress.yielded.prefix, set(progress.yielded.beyond))
-        stream, last = progress.streams.get(task.worker_id), progress.last_worker
+        before = (progress.streams.get(task.worker_id), progress.last_worker)
         progress.yielded.mark(task.ordinal)
         if task.stream_state is not None:
             progress.streams[task.worker_id] = task.stream_state
         progress.last_worker = task.worker_id
-
-        def undo() -> None:
-            progress.yielded.prefix, progress.yielded.beyond = yielded
-            if stream is not None:
-                progress.streams[task.worker_id] = stream
-            else:
-                progress.streams.pop(task.worker_id, None)
-            progress.last_worker = last
-
-        return undo
+        return before
 
     def _hold_back(self) -> None:
         """Ctrl-C while a batch was being handed over: keep it for the next call."""
-        if self._handing is not None:
-            data, task, undo = self._handing
-            self._handing = None
-            undo()
-            self._stash = (data, task)
+        if self._handing is None:
+            return
+        data, task, (stream, last) = self._handing
+        self._handing = None
+        progress = self._progress
+        progress.yielded.unmark(task.ordinal)
+        if stream is not None:
+            progress.streams[task.worker_id] = stream
+        else:
+            progress.streams.pop(task.worker_id, None)
+        progress.last_worker = last
+        self._stash = (data, task)
 
     def _collect(self, awaited: int) -> None:
         """Wait for worker events (or a hang) and record them in the task table."""
@@ -341,8 +361,7 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
             wakes = [deadline, self._next_hang_deadline(), self._next_lost_check()]
             wake = min((w for w in wakes if w is not None), default=None)
             remaining = None if wake is None else max(0.0, wake - time.monotonic())
-            with interrupts_allowed():  # nothing is half-done while we wait
-                events = self._supervisor.wait(remaining)
+            events = self._supervisor.wait(remaining)  # Ctrl-C goes through in its wait
             if events:
                 break
             self._check_hangs()

@@ -88,6 +88,7 @@ def warn_if_threads_before_fork(method: str) -> None:
 
 
 def warn_threads(method: str, stacklevel: int) -> None:
+    """Warn once per (method, set of threads) that forking now would copy held locks."""
     others = tuple(
         sorted(t.name for t in threading.enumerate() if t is not threading.current_thread())
     )
@@ -131,6 +132,7 @@ def _guarded_lines(path: str) -> tuple[tuple[int, int], ...]:
 
 
 def is_main_test(test: ast.expr) -> bool:
+    """Whether ``test`` is ``__name__ == "__main__"`` (either side first)."""
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
         return False
     if not isinstance(test.ops[0], ast.Eq):

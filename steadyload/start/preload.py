@@ -46,10 +46,16 @@ def _importable(module: str) -> bool:
         return False
 
 
+def forkserver_pid() -> int | None:
+    """The process-wide fork server's pid, if it was started (it may have died since)."""
+    # Private CPython state, checked by tests/unit/test_private_apis.py.
+    pid = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    return int(pid) if pid is not None else None
+
+
 def forkserver_running() -> bool:
     """Whether the process-wide fork server has been started (and not found dead)."""
-    # Private CPython state, checked by tests/unit/test_private_apis.py.
-    return forkserver._forkserver._forkserver_pid is not None  # type: ignore[attr-defined]
+    return forkserver_pid() is not None
 
 
 def parent_imports() -> tuple[str, ...]:

@@ -14,11 +14,10 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from multiprocessing import forkserver
 
 from . import zygote
 from .guards import check_zygote_safe
-from .preload import ensure_forkserver
+from .preload import ensure_forkserver, forkserver_pid
 
 _LOG = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ class ServerRef:
 def current(method: str) -> ServerRef | None:
     """The server that forks workers for ``method`` now, if it has one and it was started."""
     if method == "forkserver":
-        pid = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]  # private
+        pid = forkserver_pid()
     elif method == "zygote":
         pid = zygote.pid()
     else:
@@ -64,16 +63,6 @@ def wait_exited(server: ServerRef, timeout_s: float) -> bool:
         if exited or time.monotonic() >= deadline:
             return exited
         time.sleep(0.01)  # no event to wait on for a process that is dying
-
-
-def pidfd(server: ServerRef) -> int | None:
-    """A descriptor that becomes readable when the server exits (Linux >= 5.3), or None."""
-    if not hasattr(os, "pidfd_open"):
-        return None
-    try:
-        return os.pidfd_open(server.pid)
-    except OSError:
-        return None
 
 
 def restart(server: ServerRef) -> tuple[ServerRef, tuple[str, ...]]:

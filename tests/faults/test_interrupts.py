@@ -9,17 +9,19 @@ from __future__ import annotations
 import gc
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import steadyload as sl
 from steadyload.engine import handles
+from steadyload.engine.supervisor import Supervisor
 from steadyload.iterators.workers import WorkerIterator
 from tests.adversarial import Hog
 from tests.conftest import processes_gone, wait_until
-from tests.datasets import FailAt, Slow
+from tests.datasets import FailAt, FaultOnce, Slow
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +39,7 @@ def test_ctrl_c_while_a_batch_is_taken_out_keeps_that_batch_for_the_next_call(
     commit = WorkerIterator._commit
     interrupted = []
 
-    def commit_after_ctrl_c(self: WorkerIterator, task: Any) -> Callable[[], None]:
+    def commit_after_ctrl_c(self: WorkerIterator, task: Any) -> Any:
         if not interrupted:  # a real SIGINT, in the last window before the batch is returned
             interrupted.append(True)
             os.kill(os.getpid(), signal.SIGINT)
@@ -52,6 +54,57 @@ def test_ctrl_c_while_a_batch_is_taken_out_keeps_that_batch_for_the_next_call(
     got += [b.tolist() for b in it]
     assert got == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]  # the held batch came next, once
     assert interrupted == [True]
+
+
+def test_a_batch_held_back_by_ctrl_c_is_not_yielded_in_the_next_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    commit = WorkerIterator._commit
+    calls = []
+
+    def ctrl_c_at_the_last_batch(self: WorkerIterator, task: Any) -> Any:
+        calls.append(task.ordinal)
+        if len(calls) == 2:  # the epoch's last batch, at the last moment
+            os.kill(os.getpid(), signal.SIGINT)
+        return commit(self, task)
+
+    monkeypatch.setattr(WorkerIterator, "_commit", ctrl_c_at_the_last_batch)
+    loader = sl.DataLoader(Slow(4, 0.0), batch_size=2, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1]
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    # The user gives up on that epoch and starts the next one: it is whole, and only its own.
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    it._shutdown_workers()
+
+
+def test_ctrl_c_while_a_dead_worker_is_buried_loses_and_repeats_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    bury = Supervisor._bury
+    buried = []
+
+    def bury_and_press_ctrl_c(self: Supervisor, h: handles.Handle) -> Any:
+        buried.append(h.worker_id)
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C half-way through the burial
+        return bury(self, h)
+
+    monkeypatch.setattr(Supervisor, "_bury", bury_and_press_ctrl_c)
+    loader = sl.DataLoader(FaultOnce(8, {3}, "sigkill", str(tmp_path)), batch_size=1,
+                           num_workers=2)
+    it = iter(loader)
+    got, interrupts = [], 0
+    while True:
+        try:
+            got.append(next(it).item())
+        except KeyboardInterrupt:
+            interrupts += 1
+        except StopIteration:
+            break
+    assert buried == [1] and interrupts == 1
+    assert got == list(range(8))  # sample 3 reloaded by the replacement, every batch once
+    assert [(r.worker_id, r.sample) for r in loader.report().restarts] == [(1, 3)]
 
 
 def test_ctrl_c_twice_during_teardown_still_stops_every_worker(

@@ -49,7 +49,7 @@ def test_out_of_descriptors_in_the_main_process_is_a_diagnosed_error_not_a_hang(
     assert all(words in message for words in TORCH_CONTRACT), message
     assert "steadyload: the main process ran out of file descriptors while a batch of worker 0 crossed" in message
     assert "soft limit" in message and "shared-memory mapping(s)" in message
-    assert "Fix: keep fewer batches alive" in message
+    assert "Fix: raise the limit (`ulimit -n " in message and "keep fewer batches alive" in message
 
 
 def test_out_of_address_space_for_mappings_is_a_diagnosed_error_not_a_hang() -> None:

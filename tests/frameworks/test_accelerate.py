@@ -185,7 +185,7 @@ def test_adopt_refuses_what_it_cannot_keep_and_names_the_accelerate_version(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     acc = accelerate.Accelerator(cpu=True)
-    with pytest.raises(TypeError, match=r"unknown steadyload option\(s\) on_eror"):
+    with pytest.raises(TypeError, match=r"adopt\(\) has unknown steadyload option\(s\) 'on_eror'; the options are start_method, "):
         adopt(prepare(acc, _loader(Indexed(8))), on_eror="skip")
 
     class Other(torch.utils.data.DataLoader):  # type: ignore[type-arg]

@@ -148,7 +148,7 @@ def test_sft_trainer_with_the_mixin_keeps_trl_collator_on_steadyload_workers(
 @pytest.mark.slow
 def test_mixin_fails_loudly_and_puts_the_resume_patch_back(one: dict[str, Any]) -> None:
     e = one["E"]
-    assert e["unknown_option"].startswith("steadyload_options has unknown key(s) 'on_eror'")
+    assert e["unknown_option"].startswith("steadyload_options has unknown steadyload option(s) 'on_eror'; the options are start_method, max_restarts")
     assert re.match(r"steadyload\.integrations\.transformers: transformers \d+\.\d+\S* has no "
                     r"transformers\.trainer\.skip_first_batches\. ", e["missing_name"])
     assert "Fix: install transformers==5.24.*" in e["missing_name"]

@@ -98,6 +98,16 @@ def test_iterable_length_warning_like_torch() -> None:
     assert len(batches) == 20  # each worker replicates the unsharded stream, as under torch
 
 
+def test_a_datapipe_runs_in_process_and_is_refused_in_workers() -> None:
+    # torch shards a DataPipe in its own worker loop; ours would yield it once per worker.
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    pipe = IterableWrapper(range(6))
+    assert [b.tolist() for b in sl.DataLoader(pipe, batch_size=3)] == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(TypeError, match=r"does not run a IterableWrapperIterDataPipe \(a torch DataPipe\) in worker processes: .*\nFix: use num_workers=0"):
+        next(iter(sl.DataLoader(pipe, batch_size=3, num_workers=2)))
+
+
 def test_pin_memory_without_accelerator_warns_like_torch() -> None:
     with pytest.warns(UserWarning, match="'pin_memory' argument is set as true but no accelerator"):
         got = list(sl.DataLoader(MapDS(4), batch_size=2, num_workers=1, pin_memory=True))
@@ -112,8 +122,9 @@ def test_too_many_workers_warns_with_torchs_words() -> None:
 def test_timeout_raises_torchs_message_and_a_timeout_error() -> None:
     from tests.datasets import Slow
 
-    loader = sl.DataLoader(Slow(4, delay_s=5), batch_size=1, num_workers=1, timeout=0.5)
-    with pytest.raises(sl.WorkerHangError, match=r"DataLoader timed out after 0.5 seconds\n.*worker 0 \(pid \d+\) has held the next batch \(samples \[0\]\)") as info:
+    # An int timeout prints as given, as torch's first line does ("after 1 seconds").
+    loader = sl.DataLoader(Slow(4, delay_s=5), batch_size=1, num_workers=1, timeout=1)
+    with pytest.raises(sl.WorkerHangError, match=r"DataLoader timed out after 1 seconds\n.*worker 0 \(pid \d+\) has held the next batch \(samples \[0\]\)") as info:
         next(iter(loader))
     assert isinstance(info.value, TimeoutError) and isinstance(info.value, RuntimeError)
 

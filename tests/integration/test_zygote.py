@@ -199,7 +199,7 @@ def test_death_diagnosis_names_the_zygote() -> None:
     from steadyload import diagnosis
 
     err = diagnosis.worker_died(worker_id=0, pid=1, exitcode=255, sample_indices=[], batches_held=0, start_method="zygote")
-    assert "Likely cause: exit code 255 under zygote usually means the zygote (the fork server forked from this process) itself died." in str(err)
+    assert "Likely cause: exit code 255 under zygote is what is reported when the zygote (the fork server forked from this process) itself died; steadyload found it alive" in str(err)
     err = diagnosis.worker_died(worker_id=0, pid=1, exitcode=-11, sample_indices=[], batches_held=0, start_method="zygote")
     assert "rather than zygote: zygote workers are forked from a copy of this process" in str(err)
 

@@ -6,6 +6,7 @@ import inspect
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import steadyload
@@ -64,6 +65,20 @@ def test_error_hierarchy() -> None:
         assert issubclass(cls, steadyload.SteadyloadError) and issubclass(cls, RuntimeError)
     assert issubclass(steadyload.WorkerHangError, TimeoutError)
     assert issubclass(steadyload.NotPicklableError, TypeError)
+
+
+def test_every_error_rebuilds_from_its_message_alone() -> None:
+    # torch's ExceptionWrapper.reraise (and code written for torch's errors) calls
+    # exc_type(message): an error that needs its keyword fields would raise TypeError there.
+    import steadyload.errors as errors
+
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        error = cls("DataLoader worker (pid 7) exited unexpectedly")
+        assert str(error) == "DataLoader worker (pid 7) exited unexpectedly"
+        raised = torch.utils.data._utils.worker.ExceptionWrapper((cls, error, None), "x")
+        with pytest.raises(cls, match="exited unexpectedly"):
+            raised.reraise()
 
 
 def test_public_functions_and_classes_are_documented() -> None:
