@@ -95,6 +95,13 @@ def _fail(what: str, why: str, fix: str) -> ValueError:
     return ValueError(f"{what}\nWhy: {why}\nFix: {fix}")
 
 
+_REPLAY_WHY_FIX = (  # a sampler whose order cannot be re-created
+    "resuming means re-creating exactly the index order of the interrupted epoch.",
+    ("add state_dict() and load_state_dict() to the sampler (its state at the start of an "
+     "epoch must determine that epoch's order), or use one of torch's samplers."),
+)
+
+
 def _dataset_len(loader: tud.DataLoader[Any]) -> int | None:
     try:
         return len(loader.dataset)  # type: ignore[arg-type]
@@ -238,14 +245,8 @@ class Checkpoints:
         Python and tensors."""
         reason = not_replayable(loader)
         if reason is not None:
-            raise _fail(
-                "steadyload cannot save this DataLoader's position: " + reason + ".",
-                "resuming means re-creating exactly the index order of the interrupted "
-                "epoch.",
-                "add state_dict() and load_state_dict() to the sampler (its state at the "
-                "start of an epoch must determine that epoch's order), or use one of "
-                "torch's samplers.",
-            )
+            raise _fail("steadyload cannot save this DataLoader's position: " + reason + ".",
+                        *_REPLAY_WHY_FIX)
         at = at if at is not None else self.mark(loader)
         if at.unsaveable is not None:
             raise ValueError(at.unsaveable)  # a fresh error each time: no growing traceback
@@ -327,9 +328,8 @@ class Checkpoints:
             )
         reason = not_replayable(loader)
         if reason is not None and not state["finished"]:
-            raise _fail(
-                "steadyload cannot resume this DataLoader mid-epoch: " + reason + ".", "", ""
-            )
+            raise _fail("steadyload cannot resume this DataLoader mid-epoch: " + reason + ".",
+                        *_REPLAY_WHY_FIX)
         self.epoch = state["epoch"]
         self._pending = copy.deepcopy(state)
         self._skip = 0  # the loaded position supersedes a requested skip

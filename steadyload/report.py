@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -194,7 +195,15 @@ class RunRecord:
         periodic = self.periodic
         if delivered and periodic is not None and returned - self._last_periodic >= periodic[0]:
             self._last_periodic = returned
-            periodic[1](self.to_report())
+            try:
+                periodic[1](self.to_report())
+            except Exception as exc:  # raising here would lose the batch next() holds
+                warnings.warn(
+                    f"steadyload: the report_every callback raised {type(exc).__name__}: "
+                    f"{exc}. The batch was still yielded and reports go on; fix the callback "
+                    "or turn it off with report_every(loader, None).",
+                    RuntimeWarning, stacklevel=4,
+                )
 
     def to_report(self) -> LoaderReport:
         """A frozen snapshot."""

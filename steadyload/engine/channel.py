@@ -189,5 +189,6 @@ class Reader:
 
     def close(self) -> None:
         """Close the socket and any descriptors not taken. Safe to call more than once."""
+        self.closed = True  # `read` then returns only the frames already complete
         self.close_fds()
         self.sock.close()

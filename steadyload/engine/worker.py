@@ -295,7 +295,10 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
             assert isinstance(msg, Task)
             arena.release(msg.freed)
             if init_error is not None or fetcher is None:
-                error, where = init_error or (RuntimeError("no fetcher"), "")
+                error, where = init_error or (
+                    RuntimeError("steadyload internal error: a task came before the fetcher"),
+                    "",
+                )
                 channel.send(sock, _failure(msg.task_id, error, where))
                 continue
             if iteration_end:

@@ -17,6 +17,7 @@ import functools
 import importlib
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -47,6 +48,7 @@ def _check_transformers() -> None:
             ("Trainer", _transformers.Trainer, "get_test_dataloader"),
             ("TrainerCallback", _transformers.TrainerCallback, "on_save"),
             ("TrainerCallback", _transformers.TrainerCallback, "on_train_begin"),
+            ("TrainerCallback", _transformers.TrainerCallback, "on_train_end"),
             ("transformers.trainer_utils", _trainer_utils, "PREFIX_CHECKPOINT_DIR"),
         ) if not hasattr(owner, name)
     ]  # fmt: skip
@@ -92,8 +94,16 @@ class _LoaderState(_transformers.TrainerCallback):
 
     def __init__(self) -> None:
         self.resume_from: str | None = None  # the checkpoint train() resumes from
-        self.loader: Any = None  # the training loader of the latest train()
+        # The latest train()'s training loader, held weakly: a trainer kept after training
+        # must not keep its (persistent) workers alive. Its last report outlives it.
+        self._loader: Callable[[], Any] = lambda: None
+        self._final: LoaderReport | None = None
         self._warned = False
+
+    def report(self) -> LoaderReport | None:
+        """The training loader's report: live while it exists, else its last one."""
+        base = steadyload_base(self._loader())
+        return base.report() if base is not None else self._final
 
     def _warn_once(self, text: str) -> None:
         if not self._warned:
@@ -102,7 +112,8 @@ class _LoaderState(_transformers.TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         loader: Any = kwargs.get("train_dataloader")
-        self.loader = loader
+        self._loader = weakref.ref(loader) if loader is not None else (lambda: None)
+        self._final = None
         if self.resume_from is None or steadyload_base(loader) is None or args.ignore_data_skip:
             return  # (ignore_data_skip: the Trainer restarts the epoch; so does the loader)
         path = os.path.join(self.resume_from, STATE_FILE.format(rank=args.process_index))
@@ -119,6 +130,9 @@ class _LoaderState(_transformers.TrainerCallback):
                 "from the interrupted run. Resume with the number of processes that saved it "
                 "to continue exactly."
             )
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._final = self.report()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         loader: Any = kwargs.get("train_dataloader")
@@ -211,8 +225,7 @@ class SteadyloadTrainerMixin(_MixinBase):
         """``report()`` of the latest ``train()``'s training loader (restarts, skipped samples,
         per-worker speed and memory, data-stall share); None before training, or when that
         loader is not steadyload's. Cheap; safe during and after training."""
-        base = steadyload_base(self._steadyload_state.loader)
-        return base.report() if base is not None else None
+        return self._steadyload_state.report()
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any,
               **kwargs: Any) -> Any:

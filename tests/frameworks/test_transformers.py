@@ -78,6 +78,8 @@ def test_mixin_trainer_runs_on_steadyload_workers_keeps_its_loader_and_heals_a_k
             "report_start_method": "forkserver",
         }
     assert len(a["batches"]) == a["steps"] and b1["batches"] == a["batches"]
+    mixin, direct = a["mixin_report_batches"]  # steadyload_report() after train()
+    assert mixin == direct and mixin > 0
     assert a["restarts"] == [] and b1["restarts"] == ["killed by SIGKILL"]
     assert "steadyload_loader_rank0.pt" in b1["checkpoint"]
     assert a["eval"]["steadyload"] and a["eval"]["cached"]  # persistent eval loader, adopted

@@ -180,6 +180,9 @@ def trainer_run(out: Path, run: str) -> dict[str, Any]:
             "options": {k: getattr(base, k) for k in OPTIONS},
             "report_start_method": loader.report().start_method,
         }
+        mixin_report = trainer.steadyload_report() if hasattr(trainer, "steadyload_report") else None
+        record["mixin_report_batches"] = [mixin_report.batches if mixin_report else None,
+                                          loader.report().batches]
     if run == "A":
         eval_loader = trainer.get_eval_dataloader()
         metrics = trainer.evaluate()

@@ -55,6 +55,18 @@ def test_report_every_calls_back_and_can_be_turned_off(workers: int) -> None:
         steadyload.report_every(loader, -1)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_report_every_callback_that_raises_loses_no_batch(workers: int) -> None:
+    def broken(report: steadyload.LoaderReport) -> None:
+        raise KeyError("no such metric")
+
+    loader = steadyload.DataLoader(MapDS(6), batch_size=2, num_workers=workers)
+    steadyload.report_every(loader, 0, broken)
+    with pytest.warns(RuntimeWarning, match=r"the report_every callback raised KeyError: 'no such metric'\. The batch was still yielded"):
+        got = [b[:, 0].tolist() for b in loader]
+    assert got == [[0, 1], [2, 3], [4, 5]]
+
+
 def test_report_every_logs_at_info_by_default(caplog: pytest.LogCaptureFixture) -> None:
     loader = steadyload.DataLoader(MapDS(4), batch_size=2)
     steadyload.report_every(loader, 0)
