@@ -12,6 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__ as __version__
 
+# Bound now, not on first use: the class shares its name with its module, and importing
+# the module (a worker unpickling a per_worker, thread workers) would otherwise leave
+# ``steadyload.per_worker`` naming the module. The module imports nothing heavy.
+from .per_worker import per_worker as per_worker  # noqa: E402
+
 if TYPE_CHECKING:
     from .errors import MainGuardError as MainGuardError
     from .errors import NotPicklableError as NotPicklableError
@@ -23,12 +28,11 @@ if TYPE_CHECKING:
     from .errors import WorkerHangError as WorkerHangError
     from .errors import WorkerStartError as WorkerStartError
     from .loader import DataLoader as DataLoader
-    from .loader import report_every as report_every
     from .memory.shared_list import SharedDict as SharedDict
     from .memory.shared_list import SharedList as SharedList
-    from .per_worker import per_worker as per_worker
     from .report import LoaderReport as LoaderReport
     from .report import WorkerReport as WorkerReport
+    from .report import report_every as report_every
     from .start.context import prestart as prestart
 
 _EXPORTS = {
@@ -48,7 +52,7 @@ _EXPORTS = {
     "WorkerStartError": ".errors",
     "per_worker": ".per_worker",
     "prestart": ".start.context",
-    "report_every": ".loader",
+    "report_every": ".report",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -40,18 +40,38 @@ def sample_seed(base_seed: int, epoch: int, index: Any) -> int:
 
 
 class SampleSeeder:
-    """Seeds torch's CPU generator, `random` and (if imported) numpy's global RNG."""
+    """Seeds torch's CPU generator, `random` and (if imported) numpy's global RNG, and the
+    worker's own generators (``get_worker_info().rng``: engine/worker_info.py).
 
-    def __init__(self, base_seed: int, stream_tag: int | None = None) -> None:
+    Thread workers pass ``process_wide=False``: the process-wide generators are shared by
+    every thread (and the training loop), so seeding them from one thread would reseed the
+    others mid-sample; only the thread's own generators are seeded.
+    """
+
+    def __init__(
+        self, base_seed: int, stream_tag: int | None = None, *, own: Any = None,
+        process_wide: bool = True,
+    ) -> None:
         self.base_seed = base_seed
         self.epoch = 0
         self._tag = stream_tag  # the worker id, for IterableDataset items
+        self._own = own  # the worker's WorkerInfo (engine/worker_info.py), or None
+        self._process_wide = process_wide
 
     def __call__(self, index: Any) -> None:
         """Seed the RNGs for sample ``index`` of the current epoch."""
         if isinstance(index, StreamItem):
             index = ("stream", self._tag, index.number)
         seed = sample_seed(self.base_seed, self.epoch, index)
+        own = getattr(self._own, "rng", None)
+        if own is not None:
+            own.torch_generator.manual_seed(seed)
+            own.random_generator.seed(seed)
+            if own.numpy_generator is not None:
+                bits = own.numpy_generator.bit_generator
+                bits.state = type(bits)(seed).state
+        if not self._process_wide:
+            return
         torch.random.default_generator.manual_seed(seed)
         random.seed(seed)
         np = sys.modules.get("numpy")

@@ -258,17 +258,28 @@ def worker_hung(
     sample_indices: Sequence[object],
     stack: str,
     times: int,
+    thread: bool = False,
 ) -> WorkerHangError:
-    """Build the `WorkerHangError` for a task that outlived ``hang_timeout`` ``times`` times."""
+    """Build the `WorkerHangError` for a task that outlived ``hang_timeout`` ``times`` times
+    (``thread``: in a thread worker, which cannot be killed and was abandoned)."""
     what = (
         f"sample {sample!r}" if sample is not None
         else f"samples {format_indices(sample_indices)}"
     )
     again = "twice, on two fresh workers" if times >= 2 else "and no restart was left"
+    who = f"thread worker {worker_id}" if thread else f"worker {worker_id} (pid {pid})"
+    where = (
+        "Where it was stuck (most recent call last):" if thread
+        else "Where it was stuck (all threads, most recent call first):"
+    )
+    abandoned = (
+        "A thread cannot be killed: steadyload abandoned it (it runs on until that call "
+        "returns, then exits; its batch is dropped).\n" if thread else ""
+    )
     message = (
-        f"steadyload: worker {worker_id} (pid {pid}) hung while loading {what}: it ran for "
+        f"steadyload: {who} hung while loading {what}: it ran for "
         f"more than hang_timeout={hang_timeout_s} s {again}.\n"
-        f"Where it was stuck (all threads, most recent call first):\n{_tail(stack, 40)}\n"
+        f"{where}\n{_tail(stack, 40)}\n{abandoned}"
         "Likely cause: a sample that never finishes loading (an endless loop, a network or "
         "disk read without a timeout, a lock held forever, a deadlock in a native library).\n"
         "Fix: look at the innermost frames above; add a timeout to the I/O, or raise "

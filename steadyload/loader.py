@@ -8,7 +8,6 @@ keyword-only, after torch's, and are collected in `LoaderOptions` (`options.py`)
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import multiprocessing.context
 from collections.abc import Callable, Iterable
@@ -18,12 +17,13 @@ import torch.utils.data
 
 from ._system import parse_bytes
 from .checkpoint import Checkpoints, Mark
+from .engine.worker_choice import WorkerChoice, static_choice
 from .iterators.in_process import InProcessIterator
 from .iterators.workers import WorkerIterator
 from .options import OPTION_NAMES, LoaderOptions, options_of
 from .rebuild_watch import caller_frame, note_read
 from .report import LoaderReport, RunRecord
-from .start.context import StartInfo, resolve_context
+from .start.context import THREAD, StartInfo, resolve_context
 from .tuning import AutoChoice, resolve_num_workers
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -94,6 +94,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             whatever the number of workers, restarts or resumes (default False: torch's
             per-worker seeding). A dataset with ``__getitems__`` is seeded once per batch,
             from its first index. In-process loading restores your RNGs after each batch.
+            Each worker's own generators (``get_worker_info().rng``) are seeded too;
+            thread workers seed only those.
+        worker_type: "process" (default), "thread" or "auto". Threads share this process:
+            no start-up, no transport, one copy of the dataset, nothing forked; they run in
+            parallel only where the work releases the GIL (decoding, numpy, tokenizers in
+            Rust, big tensor copies) or on free-threaded Python. "auto" loads a few batches
+            with one and with two threads and picks threads when they ran in parallel
+            (`report()` gives the figures). See the README's "Thread workers".
 
     Raises:
         ValueError: for the argument combinations torch rejects, with torch's messages.
@@ -127,6 +135,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         hang_timeout: float | None = None,
         max_worker_memory: str | int | None = None,
         sample_seeds: bool = False,
+        worker_type: str = "process",
     ) -> None:
         # "auto" becomes a count before torch validates it (tuning.py; seconds at most).
         num_workers, auto = resolve_num_workers(
@@ -142,6 +151,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.hang_timeout = hang_timeout
         self.max_worker_memory = max_worker_memory
         self.sample_seeds = sample_seeds
+        self.worker_type = worker_type
         self._options = self._checked_options()
         # Keywords only: Lightning records the arguments of the outermost __init__ it has
         # wrapped, which is torch's when this class was created inside a loader hook; it then
@@ -171,10 +181,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         for name in OPTION_NAMES:
             setattr(self, name, getattr(self, name))
         self._start: tuple[multiprocessing.context.BaseContext, StartInfo] | None = None
+        self._worker_choice: WorkerChoice | None = None  # worker_type="auto", once measured
         self._last_run: RunRecord | None = None
         self._checkpoints = Checkpoints()  # epoch number and resume state (checkpoint.py)
         self._report_every: tuple[float, Callable[[LoaderReport], None]] | None = None
-        if num_workers > 0 and not getattr(multiprocessing.current_process(), "_inheriting", False):
+        if (
+            num_workers > 0 and worker_type == "process"
+            and not getattr(multiprocessing.current_process(), "_inheriting", False)
+        ):
             # Start the fork server now, so that its imports overlap with the caller's
             # set-up (building the model). Not while this process is itself a worker
             # importing the main script: a loader built at top level is harmless there.
@@ -235,10 +249,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             twin._carry_on_from(source)
         return twin
 
+    def check_worker_number_rationality(self) -> None:
+        """torch's warning about more workers than CPUs; not for threads (they overlap I/O)."""
+        if getattr(self, "worker_type", "process") != THREAD:
+            super().check_worker_number_rationality()
+
     def _carry_on_from(self, other: DataLoader[Any]) -> None:
         """Go on with ``other``'s run, for a twin that replaces it: its report settings, the
         "auto" choice, its epoch count and a loaded state not yet used (integrations)."""
         self._report_every, self._auto = other._report_every, other._auto
+        self._worker_choice = other._worker_choice
         self._checkpoints = other._checkpoints.for_twin()
 
     def _checked_options(self) -> LoaderOptions:
@@ -250,7 +270,27 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             hang_timeout=self.hang_timeout,
             max_worker_memory_bytes=parse_bytes(self.max_worker_memory, "max_worker_memory"),
             sample_seeds=bool(self.sample_seeds),
+            worker_type=self.worker_type,
         )
+
+    def _workers_start(self) -> tuple[
+        tuple[multiprocessing.context.BaseContext | None, StartInfo],
+        Callable[[], tuple[multiprocessing.context.BaseContext, StartInfo]] | None,
+    ]:
+        """How this iterator's workers start: threads (no context) or processes (their
+        context); with "auto" not yet decided, threads that may hand over to processes
+        (then the second item starts those: engine/handover.py)."""
+        kind = self._options.worker_type
+        if kind == "auto":
+            last = self._last_run
+            if self._worker_choice is None and last is not None and last.worker_kind:  # decided
+                self._worker_choice = WorkerChoice(last.worker_kind, last.worker_type_choice or "")
+            if self._worker_choice is None:
+                self._worker_choice = static_choice(self, self._options.max_worker_memory_bytes)
+            if self._worker_choice is None:  # measured on the first batches
+                return (None, StartInfo(THREAD, ())), self._start_context
+            kind = self._worker_choice.kind
+        return ((None, StartInfo(THREAD, ())) if kind == THREAD else self._start_context()), None
 
     def _start_context(self) -> tuple[multiprocessing.context.BaseContext, StartInfo]:
         """The workers' context and how it was chosen (decided once per loader)."""
@@ -275,15 +315,17 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self.num_workers == 0:
             iterator = InProcessIterator(self, self._options, self._checkpoints)
         else:
-            self.check_worker_number_rationality()
-            iterator = WorkerIterator(
-                self, self._options, self._start_context(), self._checkpoints
-            )
+            start, later = self._workers_start()  # later: processes after threads
+            if start[1].method != THREAD:  # "auto" may have chosen threads
+                self.check_worker_number_rationality()
+            iterator = WorkerIterator(self, self._options, start, self._checkpoints, later)
         if global_rng is not None:
             torch.set_rng_state(global_rng)
         self._last_run = iterator.record
         iterator.record.periodic = self._report_every
         iterator.record.num_workers_choice = self._auto.reason if self._auto else None
+        if self._worker_choice is not None and self.num_workers > 0:
+            iterator.record.worker_type_choice = self._worker_choice.reason
         return iterator
 
     def state_dict(self) -> dict[str, Any]:
@@ -351,38 +393,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         )
 
 
-_REPORT_LOG = logging.getLogger("steadyload.report")
-
-
-def _log_report(report: LoaderReport) -> None:
-    _REPORT_LOG.info("%s", report)
-
-
-def report_every(
-    loader: DataLoader[Any],
-    seconds: float | None,
-    callback: Callable[[LoaderReport], None] | None = None,
-) -> None:
-    """Every ``seconds`` of training, pass ``loader.report()`` to ``callback``.
-
-    The default callback logs it at INFO on the ``steadyload.report`` logger. Checked when
-    the training loop takes a batch, so it costs no thread and no wake-up; ``seconds=0``
-    reports at every batch, ``None`` turns it off.
-
-    Raises:
-        ValueError: ``seconds`` is negative or not a number.
-    """
-    if seconds is None:
-        loader._report_every = None
-    else:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ValueError(f"report_every needs seconds >= 0 or None, got {seconds!r}")
-        loader._report_every = (float(seconds), callback or _log_report)
-    if loader._last_run is not None:
-        loader._last_run.periodic = loader._report_every
-
-
 # Public names report the package they are imported from (see steadyload/__init__.py).
-for _public in (DataLoader, report_every):
+for _public in (DataLoader,):
     _public.__module__ = "steadyload"
 del _public

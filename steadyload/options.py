@@ -12,10 +12,11 @@ from typing import Any
 from .start.context import START_METHODS
 
 ON_ERROR = ("raise", "skip")
+WORKER_TYPES = ("process", "thread", "auto")
 # The DataLoader keyword arguments (and attributes) that hold these options.
 OPTION_NAMES = (
     "start_method", "max_restarts", "on_error", "hang_timeout", "max_worker_memory",
-    "sample_seeds",
+    "sample_seeds", "worker_type",
 )  # fmt: skip
 
 
@@ -57,6 +58,8 @@ class LoaderOptions:
     """USS above which a worker is replaced between tasks. [Unit: byte]"""
     sample_seeds: bool = False
     """Seed the RNGs before each sample from (base seed, epoch, index)."""
+    worker_type: str = "process"
+    """"process", "thread", or "auto" (chosen by measurement: tuning.py)."""
 
     def __post_init__(self) -> None:
         if self.start_method not in START_METHODS:
@@ -78,4 +81,14 @@ class LoaderOptions:
         ):
             raise ValueError(
                 f"hang_timeout must be > 0 seconds or None, got {self.hang_timeout!r}"
+            )
+        if self.worker_type not in WORKER_TYPES:
+            raise ValueError(
+                f"worker_type must be 'process', 'thread' or 'auto', got {self.worker_type!r}"
+            )
+        if self.worker_type == "thread" and self.max_worker_memory_bytes is not None:
+            raise ValueError(
+                "max_worker_memory needs process workers, got worker_type='thread': threads "
+                "share this process's memory, so none can be measured or freed on its own. "
+                "Use worker_type='process' (or 'auto', which then picks processes)."
             )

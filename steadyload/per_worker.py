@@ -35,9 +35,10 @@ class per_worker(Generic[T]):  # noqa: N801  (lower case: reads like a function,
         row = self.db.get().execute(...)
 
     ``factory`` runs once per process (thread-safe), on first access: in each worker, and
-    in the main process only if it is used there. Pickling keeps the factory and drops the
-    value (the factory is pickled by value with cloudpickle when it is a lambda or local
-    function). After `os.fork` the child builds its own value.
+    in the main process only if it is used there; in thread workers (``worker_type=
+    "thread"``) once per thread, and freed with it. Pickling keeps the factory and drops
+    the value (the factory is pickled by value with cloudpickle when it is a lambda or
+    local function). After `os.fork` the child builds its own value.
 
     Args:
         factory: a callable with no arguments that builds the resource.
@@ -69,7 +70,13 @@ class per_worker(Generic[T]):  # noqa: N801  (lower case: reads like a function,
         return self.get()
 
     def get(self) -> T:
-        """The resource of this process, built by ``factory()`` on first call."""
+        """The resource of this process (of this thread, in a thread worker), built by
+        ``factory()`` on first call."""
+        values = getattr(_thread_worker, "values", None)
+        if values is not None:  # a thread worker: its own value, freed when the thread ends
+            if self not in values:
+                values[self] = self._factory()
+            return values[self]
         pid = os.getpid()
         if self._pid != pid:
             if self._lock_pid != pid:
@@ -96,6 +103,14 @@ class per_worker(Generic[T]):  # noqa: N801  (lower case: reads like a function,
     def __repr__(self) -> str:
         state = "built" if self.built else "not built in this process"
         return f"steadyload.per_worker({self._name}, {state})"
+
+
+_thread_worker = threading.local()  # ``values`` is set in thread workers only
+
+
+def enter_thread_worker() -> None:
+    """The calling thread is a thread worker: per_worker values are built per thread."""
+    _thread_worker.values = {}
 
 
 def _rebuild(factory_bytes: bytes) -> per_worker[Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -76,7 +77,8 @@ class LoaderReport:
     """What `DataLoader.report()` returns: how the workers started and ran.
 
     Attributes:
-        start_method: "fork", "forkserver", "spawn", "zygote", or "in-process" (num_workers=0).
+        start_method: "fork", "forkserver", "spawn", "zygote", "thread" (thread workers), or
+            "in-process" (num_workers=0).
         preload_requested: modules steadyload asked the fork server to import.
         preload_missing: those the fork server did not import (CPython skips a failing
             preload silently); None when unknown (the server was started by someone else).
@@ -84,6 +86,8 @@ class LoaderReport:
         restarts: workers replaced during the latest run, oldest first.
         skipped: samples left out during the latest run (``on_error="skip"``).
         num_workers_choice: with ``num_workers="auto"``, what was chosen and why.
+        worker_type_choice: with ``worker_type="auto"``, threads or processes, and the
+            figures that decided it.
         batches: batches the training loop has taken in the latest run.
         wait_s: time the training loop spent inside ``next(loader)``. [Unit: second]
         loop_s: time from the first ``next(loader)`` to the latest return. [Unit: second]
@@ -99,6 +103,7 @@ class LoaderReport:
     restarts: tuple[RestartReport, ...] = ()
     skipped: tuple[SkippedSample, ...] = ()
     num_workers_choice: str | None = None
+    worker_type_choice: str | None = None
     batches: int = 0
     wait_s: float = 0.0
     loop_s: float = 0.0
@@ -112,8 +117,9 @@ class LoaderReport:
                 f"({self.wait_s:.2f} s of {self.loop_s:.2f} s waiting in next(loader), "
                 f"{self.batches} batches)"
             )
-        if self.num_workers_choice:
-            lines.append(f"  {self.num_workers_choice}")
+        for choice in (self.num_workers_choice, self.worker_type_choice):
+            if choice:
+                lines.append(f"  {choice}")
         if self.preload_requested:
             lines.append(
                 f"  fork server preload: {summarize_modules(self.preload_requested)}"
@@ -166,6 +172,8 @@ class RunRecord:
         self.preload = preload
         self.preload_missing: tuple[str, ...] | None = None
         self.num_workers_choice: str | None = None  # num_workers="auto": what and why
+        self.worker_type_choice: str | None = None  # worker_type="auto": what and why
+        self.worker_kind: str | None = None  # and what it chose: "thread" or "process"
         self.workers: dict[int, WorkerReport] = {}
         self.restarts: list[RestartReport] = []
         self.skipped: list[SkippedSample] = []
@@ -233,6 +241,7 @@ class RunRecord:
             restarts=tuple(self.restarts),
             skipped=tuple(self.skipped),
             num_workers_choice=self.num_workers_choice,
+            worker_type_choice=self.worker_type_choice,
             batches=self.batches,
             wait_s=self.wait_s,
             loop_s=loop_s,
@@ -240,7 +249,38 @@ class RunRecord:
         )
 
 
+_REPORT_LOG = logging.getLogger("steadyload.report")
+
+
+def _log_report(report: LoaderReport) -> None:
+    _REPORT_LOG.info("%s", report)
+
+
+def report_every(
+    loader: Any,
+    seconds: float | None,
+    callback: Callable[[LoaderReport], None] | None = None,
+) -> None:
+    """Every ``seconds`` of training, pass ``loader.report()`` to ``callback``.
+
+    The default callback logs it at INFO on the ``steadyload.report`` logger. Checked when
+    the training loop takes a batch, so it costs no thread and no wake-up; ``seconds=0``
+    reports at every batch, ``None`` turns it off.
+
+    Raises:
+        ValueError: ``seconds`` is negative or not a number.
+    """
+    if seconds is None:
+        loader._report_every = None
+    else:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+            raise ValueError(f"report_every needs seconds >= 0 or None, got {seconds!r}")
+        loader._report_every = (float(seconds), callback or _log_report)
+    if loader._last_run is not None:
+        loader._last_run.periodic = loader._report_every
+
+
 # Public names report the package they are imported from (see steadyload/__init__.py).
-for _public in (LoaderReport, WorkerReport):
+for _public in (LoaderReport, WorkerReport, report_every):
     _public.__module__ = "steadyload"
 del _public

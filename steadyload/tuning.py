@@ -80,14 +80,16 @@ class SampleProfile:
         return self.per_sample_s * (batch_size or 1) + (self.collate_s or 0.0)
 
 
-def _rng_state() -> tuple[Any, ...]:
+def save_rngs() -> tuple[Any, ...]:
+    """The global RNG states (torch, random, numpy), for `restore_rngs` after a probe."""
     import numpy as np
     import torch
 
     return torch.get_rng_state(), random.getstate(), np.random.get_state()
 
 
-def _set_rng_state(state: tuple[Any, ...]) -> None:
+def restore_rngs(state: tuple[Any, ...]) -> None:
+    """Put back what `save_rngs` returned."""
     import numpy as np
     import torch
 
@@ -121,7 +123,7 @@ def probe(
             return SampleProfile(None, None, 0, 0, "the dataset has no len()")
         if length == 0:
             return SampleProfile(None, None, 0, 0, "the dataset is empty")
-    saved = _rng_state()
+    saved = save_rngs()
     samples: list[Any] = []
     times: list[float] = []
     deadline = time.perf_counter() + budget_s
@@ -146,7 +148,7 @@ def probe(
         return SampleProfile(None, None, 0, 0, f"loading sample {len(samples)} in this "
                                                f"process raised {type(exc).__name__}: {exc}")
     finally:
-        _set_rng_state(saved)
+        restore_rngs(saved)
     timed = times[1:] or times  # the first sample often pays for lazy set-up
     # The median: a pause of this process (a busy machine) must not make samples look slow.
     return SampleProfile(statistics.median(timed), collate_s, len(timed), batch_bytes)

@@ -23,6 +23,25 @@ class Received:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkersChosen:
+    """Event (worker id -1): ``worker_type="auto"`` decided (engine/handover.py)."""
+
+    kind: str
+    """"thread" or "process"."""
+    reason: str
+    method: str | None
+    """The start method of the workers from now on; None: unchanged (yet)."""
+    preload: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalRngDrawn:
+    """Event: a thread worker's dataset drew from the process-wide random generators."""
+
+    dataset_type: type
+
+
+@dataclass(frozen=True, slots=True)
 class Died:
     """Event: the worker process exited, with what the parent knows about its last moments."""
 

@@ -261,15 +261,16 @@ class Supervisor:
             # task table re-sends what it held.
             self.kill(h.worker_id)
 
-    def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
+    def wait(self, timeout_s: float | None, also: tuple[Any, ...] = ()) -> list[tuple[int, object]]:
         """Block until a message or a death arrives, or ``timeout_s`` passes. [Unit: second]
 
         Returns ``(worker_id, event)`` pairs: a protocol message (a `Done` comes back as
         `Received`), `Died`, `ReceiveFailed`, or ``(SERVER, ServerDied)`` once for a
         fork server that died with all its workers. Messages a worker sent before it died
-        come first.
+        come first. ``also``: more waitables that end the wait when ready (their events are
+        the caller's: engine/handover.py).
         """
-        by_object: dict[Any, tuple[str, Handle | None]] = {}
+        by_object: dict[Any, tuple[str, Handle | None]] = {obj: ("also", None) for obj in also}
         for h in self._live:
             if not h.reader.closed:
                 by_object[h.reader] = ("conn", h)

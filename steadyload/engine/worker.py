@@ -54,6 +54,7 @@ from .protocol import (
 )
 from .status import SENDING, STAGE, WorkerStatus
 from .transport import HAVE_MEMFD, Arena, announce, announced, install_collate_hook
+from .worker_info import make_info
 
 _LOG = logging.getLogger(__name__)
 _MEMORY_CHECK_INTERVAL_S = 0.25
@@ -239,14 +240,14 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
 
     torch.set_num_threads(1)
     seed = _seed(cfg.base_seed, worker_id)
-    _torch_worker._worker_info = _torch_worker.WorkerInfo(
-        id=worker_id, num_workers=cfg.num_workers, seed=seed, dataset=cfg.dataset
+    info = _torch_worker._worker_info = make_info(
+        worker_id, cfg.num_workers, seed, cfg.dataset, "multiprocessing"
     )
     arena = Arena(worker_id)
     if HAVE_MEMFD:
         install_collate_hook(arena)
 
-    seeder = SampleSeeder(cfg.base_seed, worker_id) if cfg.sample_seeds else None
+    seeder = SampleSeeder(cfg.base_seed, worker_id, own=info) if cfg.sample_seeds else None
 
     def new_fetcher() -> Fetcher:
         return Fetcher(

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import IterDataPipe, MapDataPipe
 
 from ..errors import SkipLimitError
 from ..report import RunRecord, SkippedSample
@@ -204,3 +205,15 @@ def flat_indices(indices: Any) -> list[Any]:
     return [indices]
 
 
+def refuse_datapipes(dataset: object) -> None:
+    """Refuse a DataPipe: its workers need sharding and a shared shuffle seed, which
+    steadyload's workers do not apply, so every worker would yield the whole pipe."""
+    if isinstance(dataset, (IterDataPipe, MapDataPipe)):
+        pipe = getattr(dataset, "_datapipe", dataset)  # torch's serialization wrapper
+        raise TypeError(
+            f"steadyload does not run a {type(pipe).__qualname__} (a torch DataPipe) in "
+            "worker processes: DataPipes shard themselves across workers through torch's "
+            "own worker loop, which steadyload's workers do not run, so every worker "
+            "would yield every sample.\nFix: use num_workers=0, or an IterableDataset that "
+            "splits its stream with get_worker_info() (DataPipes are deprecated in torch)."
+        )

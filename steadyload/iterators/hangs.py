@@ -15,8 +15,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from ..engine.pool import WorkerPool
 from ..engine.status import IDLE
-from ..engine.supervisor import Supervisor
 from .tasks import EpochTable
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class Watchdog:
     # Owned by WorkerIterator.
     _epoch: EpochTable
     _opts: LoaderOptions
-    _supervisor: Supervisor | None
+    _supervisor: WorkerPool | None
     _num_workers: int
     _hung: dict[int, tuple[int, str]]
 

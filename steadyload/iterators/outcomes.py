@@ -13,9 +13,17 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import limits
-from ..engine.events import Died, Received, ReceiveFailed, ServerDied
+from ..engine.events import (
+    Died,
+    GlobalRngDrawn,
+    Received,
+    ReceiveFailed,
+    ServerDied,
+    WorkersChosen,
+)
+from ..engine.pool import WorkerPool
 from ..engine.protocol import Empty, Exhausted, Failed, Ready, Retire, StartFailed
-from ..engine.supervisor import Supervisor
+from ..engine.worker_info import warn_global_draws
 from ..errors import SharedMemoryError
 from ..memory.advice import check_in_flight
 from ..report import RunRecord, SkippedSample, WorkerReport, summarize_modules
@@ -33,7 +41,7 @@ class Outcomes:
     """Records worker messages in the task table (owned by `WorkerIterator`)."""
 
     _epoch: EpochTable
-    _supervisor: Supervisor | None
+    _supervisor: WorkerPool | None
     _stale: dict[int, int]
     _stream_state: dict[int, bytes]
     _active: list[bool]
@@ -103,6 +111,12 @@ class Outcomes:
             if self._settle(event.task_id) is not None:
                 self._active[worker_id] = False
                 self._try_put_index()
+        elif isinstance(event, WorkersChosen):
+            self.record.worker_type_choice, self.record.worker_kind = event.reason, event.kind
+            if event.method is not None:  # handed over to processes
+                self.record.start_method, self.record.preload = event.method, event.preload
+        elif isinstance(event, GlobalRngDrawn):
+            warn_global_draws(event.dataset_type)
         elif isinstance(event, Retire):
             self._retiring[worker_id] = event.uss_bytes
         elif isinstance(event, StartFailed):

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from .. import _system, diagnosis
 from ..engine.events import Died, ServerDied, ServerGone
 from ..engine.fetch import ITERABLE
+from ..engine.pool import WorkerPool
 from ..engine.status import IDLE, LOADING, STAGES, Progress
-from ..engine.supervisor import Supervisor
 from ..report import RestartReport, RunRecord, SkippedSample
 from .common import flat_indices
 from .tasks import EMPTY, EpochTable, TaskEntry
@@ -84,7 +84,8 @@ class Recovery:
     # Owned by WorkerIterator.
     _epoch: EpochTable
     _opts: LoaderOptions
-    _supervisor: Supervisor | None
+    _supervisor: WorkerPool | None
+    _threads: bool
     _num_workers: int
     _dataset_kind: int
     _config: WorkerConfig
@@ -152,7 +153,7 @@ class Recovery:
                 raise diagnosis.worker_hung(
                     worker_id=worker_id, pid=died.pid, hang_timeout_s=self._opts.hang_timeout,
                     sample=sample, sample_indices=flat_indices(task.indices) if task else [],
-                    stack=stack, times=self._hangs[task_id],
+                    stack=stack, times=self._hangs[task_id], thread=self._threads,
                 )
             cause = f"hung for more than hang_timeout={self._opts.hang_timeout} s"
             self._replace(worker_id, died, held, cause, sample, budget=True)

@@ -10,13 +10,15 @@ checkpoint bookkeeping is `checkpoint.EpochProgress`.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import logging
 import multiprocessing.context
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from torch.utils.data import DataLoader, IterDataPipe, MapDataPipe
+from torch.utils.data import DataLoader
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -26,37 +28,31 @@ from ..engine import interrupts
 from ..engine.config import WorkerConfig
 from ..engine.events import ServerGone
 from ..engine.fetch import ITERABLE
-from ..engine.handles import WorkerView
+from ..engine.handover import HandoverPool
 from ..engine.interrupts import held_interrupts
+from ..engine.pool import WorkerPool
 from ..engine.supervisor import Supervisor
+from ..engine.threads import ThreadSupervisor
 from ..epoch_order import stateful
-from ..memory.advice import check_copy_on_read, check_dataset_shm, raise_fd_limit
 from ..memory.sampler import MemorySampler
 from ..options import LoaderOptions
 from ..report import RunRecord
 from ..start import guards
-from ..start.context import StartInfo
-from .common import DatasetError, EmptyBatches, SkipGuard, TimedNext, flat_indices
+from ..start.context import THREAD, StartInfo
+from .common import (
+    DatasetError,
+    EmptyBatches,
+    SkipGuard,
+    TimedNext,
+    flat_indices,
+    refuse_datapipes,
+)
 from .hangs import Watchdog
 from .outcomes import Outcomes
 from .recovery import Recovery
 from .tasks import EMPTY, EpochTable, TaskEntry
 
 _LOG = logging.getLogger(__name__)
-
-
-def _refuse_datapipes(dataset: object) -> None:
-    """Refuse a DataPipe: its workers need sharding and a shared shuffle seed, which
-    steadyload's workers do not apply, so every worker would yield the whole pipe."""
-    if isinstance(dataset, (IterDataPipe, MapDataPipe)):
-        pipe = getattr(dataset, "_datapipe", dataset)  # torch's serialization wrapper
-        raise TypeError(
-            f"steadyload does not run a {type(pipe).__qualname__} (a torch DataPipe) in "
-            "worker processes: DataPipes shard themselves across workers through torch's "
-            "own worker loop, which steadyload's workers do not run, so every worker "
-            "would yield every sample.\nFix: use num_workers=0, or an IterableDataset that "
-            "splits its stream with get_worker_info() (DataPipes are deprecated in torch)."
-        )
 
 
 class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIter):
@@ -66,8 +62,10 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         self,
         loader: DataLoader[Any],
         options: LoaderOptions,
-        start: tuple[multiprocessing.context.BaseContext, StartInfo],
+        start: tuple[multiprocessing.context.BaseContext | None, StartInfo],
         checkpoints: Checkpoints,
+        processes: Callable[[], tuple[multiprocessing.context.BaseContext, StartInfo]]
+        | None = None,
     ) -> None:
         super().__init__(loader)
         self._prefetch_factor: int = loader.prefetch_factor or 2
@@ -75,13 +73,11 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         self._opts = options
         self._checkpoints = checkpoints
         self._ctx, self._start_info = start
-        _refuse_datapipes(self._dataset)
-        guards.check_fork_safe(self._start_info.method)
-        guards.check_main_guard(self._start_info.method)
-        guards.warn_if_threads_before_fork(self._start_info.method)
-        check_copy_on_read(self._dataset, self._num_workers, self._start_info.method)
-        check_dataset_shm(self._dataset, self._num_workers, self._start_info.method)
-        raise_fd_limit()
+        refuse_datapipes(self._dataset)
+        self._threads = self._start_info.method == THREAD
+        self._processes = processes  # "auto": threads first, these when the work needs them
+        if not self._threads:
+            guards.check_process_start(self._dataset, self._num_workers, self._start_info.method)
         self._checked_in_flight = False
         checkpoints.apply_base_seed(loader, self)  # before the workers are configured with it
         self.record = RunRecord(self._start_info.method, self._start_info.preload)
@@ -102,7 +98,7 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         )
         self._stream_state: dict[int, bytes] = {}  # worker -> state after its last batch
         self._empty = EmptyBatches(self._collate_fn)
-        self._supervisor: Supervisor | None = None
+        self._supervisor: WorkerPool | None = None
         self._error: BaseException | None = None
         self._next_task_id = 0
         self._stale: dict[int, int] = {}  # task id -> worker, for tasks of abandoned epochs
@@ -119,21 +115,30 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         self._oom_kills = _system.cgroup_memory().oom_kills
         self._stash: tuple[Any, TaskEntry] | None = None  # a batch held back by Ctrl-C
         self._handing: tuple[Any, TaskEntry, tuple[Any, int | None]] | None = None
-        self._views: list[WorkerView | None] = []
+        self._views: Sequence[Any] = []  # WorkerView or ThreadView (or None), by worker id
         self._attached = False  # to engine/interrupts.py, while workers run
         self._start_workers()
         self._reset(loader, first_iter=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _start_workers(self) -> None:
-        supervisor = Supervisor(self._ctx, self._config, self._num_workers)
         started = time.monotonic()
-        try:
+        supervisor: WorkerPool
+        if self._processes is not None:
+            checks = functools.partial(guards.check_process_start, self._dataset, self._num_workers)
+            supervisor = HandoverPool(self._config, self._num_workers, self._processes, checks)
             supervisor.start()
-        except ServerGone as gone:  # found dead at the start: one restart, then as usual
-            supervisor.restart_server(gone.event)
+        elif self._threads or self._ctx is None:
+            supervisor = ThreadSupervisor(self._config, self._num_workers)
+            supervisor.start()
+        else:
             supervisor = Supervisor(self._ctx, self._config, self._num_workers)
-            supervisor.start()
+            try:
+                supervisor.start()
+            except ServerGone as gone:  # found dead at the start: one restart, then as usual
+                supervisor.restart_server(gone.event)
+                supervisor = Supervisor(self._ctx, self._config, self._num_workers)
+                supervisor.start()
         self._supervisor = supervisor
         self._views = supervisor.views
         if not self._attached:  # Ctrl-C held at safe points for this iterator's life
@@ -162,7 +167,7 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
                 interrupts.detach()
 
     @property
-    def _workers(self) -> list[WorkerView | None]:
+    def _workers(self) -> list[Any]:
         """The worker processes, by worker id (as torch's iterator has them); they keep
         their pid and exit code after the workers stopped."""
         return list(self._views)

@@ -31,10 +31,14 @@ class StartInfo:
     """What `resolve_context` decided, kept for reports and error messages."""
 
     method: str
-    """The start method the workers use: "fork", "spawn", "forkserver" or "zygote"."""
+    """The start method the workers use: "fork", "spawn", "forkserver" or "zygote"; "thread"
+    for thread workers."""
     preload: tuple[str, ...]
     """Modules the fork server was asked to import by steadyload (empty: none, or the
     server was started by someone else)."""
+
+
+THREAD = "thread"  # StartInfo.method of thread workers (worker_type="thread"): nothing starts
 
 
 def default_method() -> str:

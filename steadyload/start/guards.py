@@ -15,6 +15,7 @@ import threading
 import warnings
 
 from ..errors import MainGuardError, UnsafeForkError
+from ..memory.advice import check_copy_on_read, check_dataset_shm, raise_fd_limit
 from ..pickling import main_is_importable
 
 
@@ -79,6 +80,18 @@ def check_zygote_safe() -> None:
 
 
 _warned_threads: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def check_process_start(dataset: object, num_workers: int, method: str) -> None:
+    """Everything only starting worker processes can break, refused or advised before any
+    starts: fork after a GPU context, an unguarded main, threads before fork, copy-on-read
+    and /dev/shm advice, and the fd limit raised."""
+    check_fork_safe(method)
+    check_main_guard(method)
+    warn_if_threads_before_fork(method)
+    check_copy_on_read(dataset, num_workers, method)
+    check_dataset_shm(dataset, num_workers, method)
+    raise_fd_limit()
 
 
 def warn_if_threads_before_fork(method: str) -> None:

@@ -51,7 +51,7 @@ def test_signature_is_torchs_positionally_then_keyword_only_extras() -> None:
     extras = list(ours)[len(theirs):]
     assert extras == [
         "start_method", "max_restarts", "on_error", "hang_timeout", "max_worker_memory",
-        "sample_seeds",
+        "sample_seeds", "worker_type",
     ]
     assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in extras)
 

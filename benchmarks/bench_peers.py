@@ -1,0 +1,383 @@
+"""steadyload against torch's DataLoader and the peer loaders, four workloads, one run.
+
+Usage: python3 benchmarks/bench_peers.py [--reps N] [--quick] [--json out.json]
+
+The peers (torchdata 0.11 nodes, SPDL 0.8, Grain 0.2.18) live in a bench-only virtual
+environment, ``.venv-peers`` (created on first use, torch==2.13.0 CPU build pinned), never
+in steadyload's dependencies; run with any python3 and the script re-runs itself there.
+
+Workloads (2 workers everywhere):
+  jpeg    decode + resize of JPEG files from disk (PIL: releases the GIL), batch 32
+  python  ~2 ms of pure-Python work per sample (holds the GIL), batch 16
+  tiny    16 floats + an int per sample, batch 64: the per-batch overhead
+  big     3x224x224 float32 per sample, batch 32: 19 MB batches, no compute (transport)
+Loaders: torch (fork, forkserver), steadyload (process, thread, auto), torchdata.nodes
+(thread, process ParallelMapper), SPDL (thread pipeline), Grain (DataLoader processes,
+IterDataset threads). Every run is a fresh process: time to the first batch (loader built
+to batch in hand; the imports are done before), samples/s from the first batch to the last,
+peak PSS of the process tree (sampled every 20 ms), and a checksum of every batch, compared
+with torch's in-process batches ("same" column). Repetitions are interleaved: rep 1 of
+every loader, then rep 2, ...; medians are shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import venv
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PEERS_VENV = ROOT / ".venv-peers"
+PEERS = ["torchdata==0.11.0", "spdl==0.8.0", "grain==0.2.18"]
+BASE = ["numpy==2.4.6", "psutil==7.2.2", "cloudpickle==3.1.3", "pillow==13.0.0"]
+OUT = ROOT / "bench-out"
+
+LOADERS = [
+    "torch-fork", "torch-forkserver", "sl-process", "sl-thread", "sl-auto",
+    "tdn-thread", "tdn-process", "spdl-thread", "grain-process", "grain-thread",
+]
+WORKLOADS = {  # name: (batch size, batches, quick batches)
+    "jpeg": (32, 24, 8), "python": (16, 24, 8), "tiny": (64, 400, 100), "big": (32, 40, 12),
+}
+
+
+# -- the environment ----------------------------------------------------------------------
+def _in_peers_env() -> bool:
+    try:
+        import grain  # noqa: F401
+        import spdl.dataloader  # noqa: F401
+        import torchdata.nodes  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _reexec_in_peers_env() -> None:
+    py = PEERS_VENV / "bin" / "python"
+    if not py.exists():
+        print(f"creating the bench-only environment {PEERS_VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(PEERS_VENV)
+        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run([*pip, "torch==2.13.0"], check=True)  # first and alone: the CPU build
+        subprocess.run([*pip, "torch==2.13.0", *BASE, *PEERS], check=True)
+    os.execv(str(py), [str(py), __file__, *sys.argv[1:]])
+
+
+if __name__ == "__main__" and "--child" not in sys.argv and not _in_peers_env():
+    _reexec_in_peers_env()  # before torch is imported: python3 alone may not have it
+
+# -- datasets (module level: picklable by reference for process workers) -----------------
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import Dataset  # noqa: E402
+from torch.utils.data._utils.collate import default_collate  # noqa: E402
+
+
+class Jpegs(Dataset[Any]):
+    """JPEG files decoded and resized to 224x224 (uint8 CHW)."""
+
+    def __init__(self, folder: str) -> None:
+        self.paths = sorted(str(p) for p in Path(folder).glob("*.jpg"))
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> Any:
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as img:
+            small = img.convert("RGB").resize((224, 224), Image.BILINEAR)
+        return torch.from_numpy(np.asarray(small)).permute(2, 0, 1).contiguous()
+
+
+def _spin(iterations: int, seed: int) -> int:
+    acc = seed
+    for k in range(iterations):
+        acc = (acc * 31 + k) % 1_000_003
+    return acc
+
+
+class PythonWork(Dataset[Any]):
+    """Pure-Python arithmetic per sample (holds the GIL)."""
+
+    def __init__(self, n: int, iterations: int) -> None:
+        self.n, self.iterations = n, iterations
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.tensor([_spin(self.iterations, i), i], dtype=torch.int64)
+
+
+class Tiny(Dataset[Any]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((16,), float(i)), i
+
+
+class Big(Dataset[Any]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((3, 224, 224), float(i % 251))
+
+
+class FetchBatch:
+    """Indices -> default_collate of the samples (the peers' map function)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __call__(self, indices: list[int]) -> Any:
+        return default_collate([self.dataset[i] for i in indices])
+
+
+class AsNumpy:
+    """Grain's data source: samples as numpy (Grain batches numpy trees)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> Any:
+        sample = self.dataset[i]
+        if isinstance(sample, tuple):
+            return tuple(x.numpy() if isinstance(x, torch.Tensor) else np.int64(x) for x in sample)
+        return sample.numpy()
+
+
+def make_jpegs(folder: Path, count: int = 256) -> None:
+    """``count`` 500x375 JPEGs of smooth noise (decode cost like photos), made once."""
+    from PIL import Image
+
+    if len(list(folder.glob("*.jpg"))) == count:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        base = rng.integers(0, 255, (47, 63, 3), dtype=np.uint8)
+        img = Image.fromarray(base).resize((500, 375), Image.BICUBIC)
+        img.save(folder / f"{i:04d}.jpg", quality=90)
+
+
+def dataset(workload: str, batches: int) -> Any:
+    size = WORKLOADS[workload][0]
+    n = size * batches
+    if workload == "jpeg":
+        folder = OUT / "peers-jpegs"
+        make_jpegs(folder)
+        ds = Jpegs(str(folder))
+        assert len(ds) >= n, "too few JPEG files"
+        return ds
+    if workload == "python":
+        return PythonWork(n, 12_000)
+    if workload == "tiny":
+        return Tiny(n)
+    return Big(n)
+
+
+# -- one run, in a fresh process ----------------------------------------------------------
+def _checksum(batch: Any) -> float:
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return float(sum(_checksum(x) for x in batch))
+    return float(np.asarray(batch, dtype=np.float64).sum())
+
+
+def _tree_pss() -> int:
+    import psutil
+
+    me = psutil.Process()
+    total = 0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            with open(f"/proc/{p.pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return total
+
+
+def make_loader(kind: str, ds: Any, size: int) -> Any:
+    """An iterator over ``ds`` in order, batches of ``size``, 2 workers, as ``kind`` does it."""
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    batches = list(BatchSampler(SequentialSampler(range(len(ds))), size, drop_last=False))
+    if kind.startswith("torch-"):
+        return iter(torch.utils.data.DataLoader(
+            ds, batch_size=size, num_workers=2, multiprocessing_context=kind[6:]))
+    if kind.startswith("sl-"):
+        import steadyload as sl
+
+        return iter(sl.DataLoader(ds, batch_size=size, num_workers=2, worker_type=kind[3:]))
+    if kind.startswith("tdn-"):
+        import torchdata.nodes as tn
+
+        node = tn.IterableWrapper(batches)
+        node = tn.ParallelMapper(node, map_fn=FetchBatch(ds), num_workers=2,
+                                 method=kind[4:], in_order=True)
+        return iter(tn.Loader(tn.Prefetcher(node, prefetch_factor=4)))
+    if kind == "spdl-thread":
+        from spdl.dataloader import DataLoader as SpdlLoader
+
+        return iter(SpdlLoader(batches, preprocessor=FetchBatch(ds), num_threads=2,
+                               buffer_size=4, output_order="input"))
+    if kind.startswith("grain-"):
+        import grain.python as gp
+
+        if kind == "grain-process":
+            sampler = gp.IndexSampler(len(ds), shard_options=gp.NoSharding(), shuffle=False,
+                                      num_epochs=1)
+            return iter(gp.DataLoader(data_source=AsNumpy(ds), sampler=sampler,
+                                      operations=[gp.Batch(size)], worker_count=2))
+        import grain
+
+        pipe = (grain.MapDataset.source(AsNumpy(ds)).batch(size)
+                .to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)))
+        return iter(pipe)
+    raise ValueError(kind)
+
+
+def child(workload: str, kind: str, batches: int) -> dict[str, Any]:
+    size = WORKLOADS[workload][0]
+    ds = dataset(workload, batches)
+    if kind == "reference":
+        loader = iter(torch.utils.data.DataLoader(ds, batch_size=size))
+        return {"sums": [_checksum(b) for b in loader]}
+    peak = [_tree_pss()]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.02):
+            peak[0] = max(peak[0], _tree_pss())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    it = make_loader(kind, ds, size)
+    first = next(it)
+    t_first = time.perf_counter()
+    sums = [_checksum(first)]
+    samples = 0
+    for batch in it:
+        sums.append(_checksum(batch))
+        samples += size
+    t_last = time.perf_counter()
+    stop.set()
+    sampler.join()
+    del it
+    return {"first_s": t_first - t0, "rate": samples / (t_last - t_first), "peak_pss": peak[0],
+            "sums": sums}
+
+
+def _run_child(workload: str, kind: str, batches: int) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", workload, kind, str(batches)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{HERE}"},
+    )
+    if proc.returncode != 0:
+        return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1][:120]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- the table ----------------------------------------------------------------------------
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="fewer batches (a smoke run)")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--loaders", default=",".join(LOADERS))
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        workload, kind, batches = args.child
+        print(json.dumps(child(workload, kind, int(batches))))
+        return
+    workloads, loaders = args.workloads.split(","), args.loaders.split(",")
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for workload in workloads:
+        batches = WORKLOADS[workload][2 if args.quick else 1]
+        reference = _run_child(workload, "reference", batches)
+        for rep in range(args.reps):
+            for kind in loaders:  # interleaved: one of each, then again
+                r = _run_child(workload, kind, batches)
+                r["same"] = r.get("sums") == reference.get("sums")
+                r.pop("sums", None)
+                runs.setdefault((workload, kind), []).append(r)
+                print(f"  {workload:6s} rep {rep + 1} {kind:16s} "
+                      + (r["error"] if "error" in r else
+                         f"{r['rate']:9.1f}/s first {r['first_s'] * 1e3:7.1f} ms "
+                         f"PSS {r['peak_pss'] / 2**20:6.0f} MiB same={r['same']}"), flush=True)
+    summary = _table(runs, workloads, loaders)
+    if args.json:
+        args.json.write_text(json.dumps({"runs": {f"{w}/{k}": v for (w, k), v in runs.items()},
+                                         "summary": summary}, indent=1))
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if key in r]
+    return statistics.median(values) if values else None
+
+
+def _table(runs: dict[tuple[str, str], list[dict[str, Any]]], workloads: list[str],
+           loaders: list[str]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for workload in workloads:
+        base = _median(runs[(workload, "torch-fork")], "rate") if "torch-fork" in loaders else None
+        print(f"\n{workload}: samples/s (x torch fork), first batch, peak PSS, same batches")
+        rows = {}
+        for kind in loaders:
+            rate = _median(runs[(workload, kind)], "rate")
+            first = _median(runs[(workload, kind)], "first_s")
+            pss = _median(runs[(workload, kind)], "peak_pss")
+            same = all(r.get("same") for r in runs[(workload, kind)])
+            rows[kind] = {"rate": rate, "first_s": first, "peak_pss": pss, "same": same}
+            if rate is None:
+                print(f"  {kind:16s} failed: {runs[(workload, kind)][0].get('error')}")
+                continue
+            ratio = f"{rate / base:5.2f}x" if base else "   - "
+            print(f"  {kind:16s} {rate:9.1f}/s {ratio}  first {first * 1e3:7.1f} ms  "
+                  f"PSS {pss / 2**20:6.0f} MiB  {'same' if same else 'DIFFERENT'}")
+        peers = {k: v for k, v in rows.items() if not k.startswith("sl-") and v["rate"]}
+        auto = rows.get("sl-auto", {})
+        if peers and auto.get("rate"):
+            best = max(peers, key=lambda k: peers[k]["rate"])
+            lean = min(peers, key=lambda k: peers[k]["peak_pss"])
+            fork_first = rows.get("torch-fork", {}).get("first_s")
+            print(f"  sl-auto vs the best peer ({best}): "
+                  f"{auto['rate'] / peers[best]['rate']:.2f}x; peak PSS vs the leanest ({lean}): "
+                  f"{auto['peak_pss'] / peers[lean]['peak_pss']:.2f}x; first batch vs torch "
+                  "fork: " + (f"{auto['first_s'] / fork_first:.2f}x" if fork_first else "-"))
+        summary[workload] = rows
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""``worker_type="auto"``: thread workers at once, process workers when the work needs them.
+
+A `HandoverPool` is one `WorkerPool` over two: a `ThreadSupervisor`, started at once (the
+first batch in milliseconds, no fork server to wait for), and, when the measurement says
+the work holds the GIL (worker_choice.py), a process `Supervisor`, started by a helper
+thread so that the fork server's imports (about a second for torch) overlap with the
+threads still loading. The hand-over is per task, so it needs no pause and loses nothing:
+
+- A task goes to the thread of its worker id until the processes have started, and to the
+  process of that id from then on. The task table (iterators/) still sees one worker per
+  id and yields in task order, so the order is torch's and every task runs on exactly one
+  of the two (a task a dead worker held is re-sent to its replacement, as always; if it
+  also finishes elsewhere, the second outcome finds its task settled and is dropped).
+- While a thread still holds tasks, its id's progress, hang watch and stack are the
+  thread's; then the process's. When no thread holds a task, the threads are stopped.
+- A hung thread's replacement is the process of its id once that exists.
+
+The helper thread only runs `Supervisor.start`; the iterating thread takes the supervisor
+over once the helper has finished (one owner at a time, as `Supervisor` requires). If the
+processes cannot start (a dataset that does not pickle, a start that fails), the loader
+stays on threads and says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from .config import WorkerConfig
+from .events import Died, GlobalRngDrawn, Received, WorkersChosen
+from .protocol import Empty, Exhausted, Failed
+from .status import Progress
+from .supervisor import Supervisor
+from .threads import ThreadSupervisor
+from .worker_choice import WorkerChoice, chose, live_choice
+
+_LOG = logging.getLogger(__name__)
+_OUTCOMES = (Received, Failed, Empty, Exhausted)
+CHOSEN = -1  # the "worker id" of the WorkersChosen event
+
+
+class _LiveViews(Sequence[Any]):
+    """``iterator._workers``: the threads' views until the hand-over, then the processes'."""
+
+    def __init__(self, pool: HandoverPool) -> None:
+        self._pool = pool
+
+    def _current(self) -> Any:
+        procs = self._pool._procs
+        return procs.views if procs is not None else self._pool._threads.views
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._current()[i]
+
+
+class HandoverPool:
+    """Thread workers first, process workers once the measurement asks for them."""
+
+    def __init__(
+        self, config: WorkerConfig, num_workers: int,
+        processes: Callable[[], tuple[BaseContext, Any]],
+        prepare: Callable[[str], None],
+    ) -> None:  # fmt: skip
+        self._config = config
+        self._num_workers = num_workers
+        self._processes = processes  # the start context, resolved only if processes are needed
+        self._prepare = prepare  # the checks a process start needs, given its method
+        self._threads = ThreadSupervisor(config, num_workers)
+        self._procs: Supervisor | None = None
+        self._helper: threading.Thread | None = None
+        self._started: Supervisor | None = None  # set by the helper once its start succeeded
+        self._start_error: BaseException | None = None
+        self._lock = threading.Lock()  # between the helper's result and `shutdown`
+        self._closing = False
+        self._method, self._preload = "thread", ()
+        self._held = [0] * num_workers  # tasks each thread holds
+        self._thread_died: set[int] = set()  # ids whose latest death was their thread's
+        self._choice: WorkerChoice | None = None
+        self._announce: list[tuple[int, object]] = []  # WorkersChosen, for the next wait
+        self.views = _LiveViews(self)
+        self.running = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the thread workers."""
+        self._threads.start()
+        self.running = True
+
+    def respawn(self, worker_id: int) -> None:
+        """A fresh worker for ``worker_id``: a thread until the processes run; then the
+        process of that id (itself, if only its thread died)."""
+        if worker_id in self._thread_died:
+            self._thread_died.discard(worker_id)
+            if self._procs is None:
+                self._threads.respawn(worker_id)
+            else:
+                self._held[worker_id] = 0  # what the thread held is re-sent to the process
+            return
+        assert self._procs is not None
+        self._procs.respawn(worker_id)
+
+    def shutdown(self) -> None:
+        """Stop both pools. A process start still under way is not waited for (the fork
+        server may be importing torch): the helper stops those workers itself."""
+        self.running = False
+        self._threads.shutdown()
+        with self._lock:
+            self._closing = True
+            if self._helper is not None and not self._helper.is_alive():
+                self._adopt()
+        if self._procs is not None:
+            self._procs.shutdown()
+
+    @property
+    def stopped(self) -> bool:
+        """Whether both pools have stopped."""
+        return self._threads.stopped and (self._procs is None or self._procs.stopped)
+
+    def restart_server(self, dead: Any) -> tuple[str, ...]:
+        """The process workers' fork server died: start a new one."""
+        assert self._procs is not None
+        return self._procs.restart_server(dead)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock both pools measure with."""
+        return self._threads.clock
+
+    # -- the hand-over -----------------------------------------------------------------------
+    def _decide(self, draws_globally: bool = False) -> None:
+        if self._choice is not None:
+            return
+        choice = (
+            chose("process", "the dataset draws from the process-wide random generators, "
+                             "which thread workers share")
+            if draws_globally else live_choice(self._threads.measured(), self._num_workers)
+        )  # fmt: skip
+        if choice is None:
+            return
+        self._choice = choice
+        # Said now: the next iterator starts on the chosen kind even if this one ends first.
+        self._announce.append((CHOSEN, WorkersChosen(choice.kind, choice.reason, None, ())))
+        if choice.kind == "thread":
+            return
+        try:
+            ctx, info = self._processes()
+            if info.method in ("fork", "zygote"):
+                raise RuntimeError(f"start_method={info.method!r} would fork this process "
+                                   "while its thread workers run (a lock one holds would "
+                                   "stay locked in the child)")
+            self._prepare(info.method)
+        except Exception as exc:  # stay on threads: they work
+            self._stay(f"process workers cannot start here ({type(exc).__name__}: {exc})")
+            return
+        supervisor = Supervisor(ctx, replace(self._config, preload=info.preload),
+                                self._num_workers)  # fmt: skip
+        self._method, self._preload = info.method, info.preload
+
+        def start() -> None:  # the helper: the supervisor is its own until it returns
+            try:
+                supervisor.start()
+            except BaseException as exc:
+                self._start_error = exc
+            with self._lock:
+                if self._closing:  # the iterator is gone: nobody takes these workers over
+                    supervisor.shutdown()
+                elif self._start_error is None:
+                    self._started = supervisor
+            self._threads.wake()  # the iterating thread adopts the result at once
+
+        self._helper = threading.Thread(target=start, name="steadyload-handover", daemon=True)
+        self._helper.start()
+
+    def _stay(self, why: str) -> None:
+        reason = f"{self._choice.reason if self._choice else ''}; but {why}, so it stays on threads"
+        _LOG.warning("%s", reason)
+        self._announce.append((CHOSEN, WorkersChosen("thread", reason, None, ())))
+
+    def _adopt(self) -> None:
+        """Take the processes over once the helper has finished starting them."""
+        if self._helper is None or self._helper.is_alive():
+            return
+        self._helper = None
+        if self._started is None:
+            error = self._start_error
+            self._stay(f"starting process workers failed ({type(error).__name__}: {error})")
+            return
+        self._procs = self._started
+        assert self._choice is not None
+        self._announce.append((CHOSEN, WorkersChosen(
+            "process", self._choice.reason + "; the first batches came from thread workers "
+            "while the processes started", self._method, self._preload,
+        )))  # fmt: skip
+
+    # -- messaging ---------------------------------------------------------------------------
+    def _owner(self, worker_id: int) -> Any:
+        """Whose progress, stack and kill ``worker_id`` means now: the thread while it holds
+        tasks (they are the oldest of that id), else the process."""
+        if self._procs is None or self._held[worker_id] > 0:
+            return self._threads
+        return self._procs
+
+    def pid(self, worker_id: int) -> int | None:
+        """The pid of the worker that holds ``worker_id``'s oldest tasks."""
+        return self._owner(worker_id).pid(worker_id)
+
+    def pids(self) -> dict[int, int]:
+        """The process workers' pids (threads have no memory of their own)."""
+        return self._procs.pids() if self._procs is not None else {}
+
+    def started_at(self, worker_id: int) -> float | None:
+        """When the latest worker of ``worker_id`` was asked for. [Unit: second]"""
+        pool = self._procs if self._procs is not None else self._threads
+        return pool.started_at(worker_id)
+
+    def send_task(self, worker_id: int, task_id: int, indices: Any, epoch: int = 0) -> None:
+        """To the thread of ``worker_id`` until the processes run, then to its process."""
+        self._adopt()
+        if self._procs is not None:
+            self._procs.send_task(worker_id, task_id, indices, epoch)
+        else:
+            self._held[worker_id] += 1
+            self._threads.send_task(worker_id, task_id, indices, epoch)
+
+    def send_restore(self, worker_id: int, state: bytes) -> None:
+        """Never needed: a stream never starts on threads (worker_choice.static_choice)."""
+        raise RuntimeError("[steadyload internal error] a stream in a hand-over pool")
+
+    def send_reset(self) -> None:
+        """A new epoch (persistent workers): to whichever pools run."""
+        self._adopt()
+        if self._threads.running:
+            self._threads.send_reset()
+        if self._procs is not None:
+            self._procs.send_reset()
+
+    def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
+        """Events of both pools, and `WorkersChosen` once. [Unit: second]"""
+        self._adopt()
+        if self._announce:
+            return self._announce_now()
+        from_threads: list[tuple[int, object]] = []
+        events: list[tuple[int, object]] = []
+        if self._procs is None:
+            from_threads = self._threads.wait(timeout_s)  # the helper's end wakes it
+        else:
+            also = (self._threads.waitable,) if self._threads.running else ()
+            events = self._procs.wait(timeout_s, also=also)
+            if self._threads.running:
+                from_threads = self._threads.wait(0)
+        draws_globally = False
+        for worker_id, event in from_threads:
+            if isinstance(event, _OUTCOMES) and self._held[worker_id] > 0:
+                self._held[worker_id] -= 1
+            elif isinstance(event, Died):
+                self._thread_died.add(worker_id)
+            draws_globally |= isinstance(event, GlobalRngDrawn)
+        self._decide(draws_globally)
+        self._adopt()
+        if self._procs is not None and not any(self._held) and self._threads.running:
+            self._threads.shutdown()  # every task is the processes' now
+        return from_threads + events + self._announce_now()
+
+    def _announce_now(self) -> list[tuple[int, object]]:
+        events, self._announce = self._announce, []
+        return events
+
+    def progress(self, worker_id: int) -> Progress | None:
+        """What the worker of ``worker_id`` that holds its oldest tasks is doing."""
+        return self._owner(worker_id).progress(worker_id)
+
+    def on_its_way(self, worker_id: int) -> bool:
+        """Whether an outcome is waiting in either pool."""
+        if self._threads.running and self._threads.on_its_way(worker_id):
+            return True
+        return self._procs is not None and self._procs.on_its_way(worker_id)
+
+    def dump_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
+        """The stack of the worker of ``worker_id`` that holds its oldest tasks."""
+        return str(self._owner(worker_id).dump_stack(worker_id, wait_s))
+
+    def kill(self, worker_id: int) -> None:
+        """Kill (a thread: abandon) the worker of ``worker_id`` that holds its oldest tasks."""
+        self._owner(worker_id).kill(worker_id)

@@ -1,0 +1,251 @@
+"""Thread workers: the `Supervisor`'s calls and events, over threads of this process.
+
+Why the same interface: dispatch, the task table, recovery, the hang watch, checkpoints and
+the report (iterators/) drive a supervisor through a dozen calls and a stream of events
+(`Ready`, `Received`, `Failed`, `Empty`, `Exhausted`, `Died`). A `ThreadSupervisor` gives
+the same calls and events, so thread workers get torch's order, exactly-once delivery,
+skip, resume and the report from the code the process workers use, not from a copy.
+
+What threads change:
+- No transport: a thread's batch is the collated object itself, handed over through one
+  `queue.SimpleQueue` (no pickling, no shared memory, no copy).
+- A map-style dataset is shared by all threads (one copy of every resource: its
+  ``__getitem__`` must be thread-safe); an IterableDataset gets a replica per thread
+  (`copy.deepcopy`), as each worker process has its own, since ``iter()`` state and
+  `worker_init_fn`'s sharding write to it.
+- `get_worker_info()` answers per thread (engine/worker_info.py); process-wide random
+  generators are not reseeded (the training loop shares them); each thread has its own
+  (``get_worker_info().rng``: torch's container for thread workers).
+- A thread cannot be killed. `kill` (after ``hang_timeout``) *abandons* it: it is
+  dropped from the live set, a `Died` event reports it, and a replacement thread with the
+  same id re-runs its tasks. The abandoned thread runs on until its call returns, then
+  exits; what it sends is dropped (each thread has a generation number).
+- Nothing here assumes a GIL: every structure two threads touch is a `SimpleQueue`
+  (thread-safe by itself) or is written by one thread only (a worker's status fields).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from .config import WorkerConfig
+from .events import Died
+from .fetch import ITERABLE
+from .interrupts import interrupts_allowed
+from .protocol import Reset, Restore, Stop, Task
+from .status import Progress
+from .thread_worker import Outbox, WorkerThread, thread_main
+from .worker_info import install_per_thread
+
+_JOIN_S = 2.0  # how long shutdown waits for a thread that is inside a dataset call
+
+
+class ThreadView:
+    """One thread worker as ``iterator._workers`` shows it (pid is this process's)."""
+
+    def __init__(self, worker_id: int, thread: threading.Thread) -> None:
+        self.worker_id = worker_id
+        self.name = thread.name
+        self.pid = os.getpid()
+        self._thread = thread
+
+    @property
+    def exitcode(self) -> int | None:
+        """0 once the thread has ended; None while it runs."""
+        return None if self._thread.is_alive() else 0
+
+    def is_alive(self) -> bool:
+        """Whether the thread still runs."""
+        return self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait at most ``timeout`` seconds for the thread to end. [Unit: second]"""
+        self._thread.join(timeout)
+
+    def __repr__(self) -> str:
+        return f"<steadyload thread worker {self.worker_id} alive {self.is_alive()}>"
+
+
+class ThreadSupervisor:
+    """Owns the worker threads of one iterator; the `Supervisor` interface (see module)."""
+
+    def __init__(
+        self, config: WorkerConfig, num_workers: int, *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self._config = config
+        self._num_workers = num_workers
+        self._clock = clock
+        self._workers: list[WorkerThread | None] = [None] * num_workers
+        self._generations = [0] * num_workers
+        self._events = Outbox()
+        self.views: list[ThreadView | None] = [None] * num_workers
+        """Each worker id's latest thread, as ``iterator._workers`` shows it."""
+        self.running = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start every worker thread."""
+        install_per_thread()
+        for worker_id in range(self._num_workers):
+            self._spawn(worker_id)
+        self.running = True
+
+    def respawn(self, worker_id: int) -> None:
+        """Start a fresh thread for ``worker_id`` (the old one was abandoned)."""
+        self._spawn(worker_id)
+
+    def _spawn(self, worker_id: int) -> None:
+        self._generations[worker_id] += 1
+        w = WorkerThread(worker_id, self._generations[worker_id], self._clock())
+        cfg = self._config
+        # A stream's iterator and worker_init_fn's sharding write to the dataset: one
+        # replica per thread, as per process. A map-style dataset is shared.
+        dataset = copy.deepcopy(cfg.dataset) if cfg.dataset_kind == ITERABLE else cfg.dataset
+        w.thread = threading.Thread(
+            target=thread_main, args=(cfg, dataset, w, self._events),
+            name=f"steadyload-thread-{worker_id}", daemon=True,
+        )  # fmt: skip
+        self._workers[worker_id] = w
+        self.views[worker_id] = ThreadView(worker_id, w.thread)
+        w.thread.start()
+
+    def shutdown(self) -> None:
+        """Ask every thread to stop and wait a little for each; one inside a long dataset
+        call is left to finish on its own (a daemon thread: it never blocks exit)."""
+        self.running = False
+        live = [w for w in self._workers if w is not None]
+        self._workers = [None] * self._num_workers
+        for w in live:
+            w.abandoned = True
+            w.inbox.put(Stop())
+        deadline = time.monotonic() + _JOIN_S
+        for w in live:
+            assert w.thread is not None
+            w.thread.join(max(0.0, deadline - time.monotonic()))
+        self._events.close()  # what is still queued is dropped with this supervisor
+
+    @property
+    def waitable(self) -> Outbox:
+        """Readable when events may be queued (for `Supervisor.wait(..., also=)`)."""
+        return self._events
+
+    def measured(self) -> tuple[int, float, float]:
+        """Tasks run, and their wall and CPU seconds, summed over the live threads."""
+        live = [w.measured for w in self._workers if w is not None]
+        return (sum(m[0] for m in live), sum(m[1] for m in live), sum(m[2] for m in live))
+
+    @property
+    def stopped(self) -> bool:
+        """Whether `shutdown` ran (threads still inside a dataset call end by themselves)."""
+        return all(w is None for w in self._workers)
+
+    def restart_server(self, dead: object) -> tuple[str, ...]:
+        """Threads have no fork server; never called."""
+        raise RuntimeError("[steadyload internal error] thread workers have no fork server")
+
+    # -- messaging ---------------------------------------------------------------------------
+    def pid(self, worker_id: int) -> int | None:
+        """This process's id (threads have none of their own)."""
+        return os.getpid()
+
+    def pids(self) -> dict[int, int]:
+        """Empty: thread workers share this process's memory, so none is sampled per worker."""
+        return {}
+
+    def started_at(self, worker_id: int) -> float | None:
+        """When the thread was asked for, on the supervisor's clock. [Unit: second]"""
+        w = self._workers[worker_id]
+        return w.started_at if w is not None else None
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock the supervisor measures with."""
+        return self._clock
+
+    def send_task(self, worker_id: int, task_id: int, indices: Any, epoch: int = 0) -> None:
+        """Hand a task to the thread."""
+        w = self._workers[worker_id]
+        if w is not None:
+            w.inbox.put(Task(task_id, indices, (), epoch))
+
+    def send_restore(self, worker_id: int, state: bytes) -> None:
+        """Tell a replacement thread where its IterableDataset stream resumes."""
+        w = self._workers[worker_id]
+        if w is not None:
+            w.inbox.put(Restore(state))
+
+    def send_reset(self) -> None:
+        """Tell every thread a new epoch begins (persistent workers)."""
+        for w in self._workers:
+            if w is not None:
+                w.inbox.put(Reset())
+
+    def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
+        """Block until an event arrives or ``timeout_s`` passes; then take all that came.
+        Events of abandoned threads are dropped. [Unit: second]"""
+        out: list[tuple[int, object]] = []
+        self._events.drain()
+        try:
+            with interrupts_allowed():  # the one blocking call, as in Supervisor.wait
+                first = self._events.queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return out
+        item: tuple[int, int, object] | None = first
+        while item is not None:
+            worker_id, generation, event = item
+            if worker_id >= 0 and generation == self._generations[worker_id]:
+                out.append((worker_id, event))
+            try:
+                item = self._events.queue.get_nowait()
+            except queue.Empty:
+                item = None
+        return out
+
+    def wake(self) -> None:
+        """End a `wait` under way, without an event (safe from any thread)."""
+        self._events.put((-1, 0, None))
+
+    def progress(self, worker_id: int) -> Progress | None:
+        """What the thread is doing now."""
+        w = self._workers[worker_id]
+        return w.progress() if w is not None else None
+
+    def on_its_way(self, worker_id: int) -> bool:
+        """Whether an event is waiting (a thread queues its outcome before going idle)."""
+        return not self._events.queue.empty()
+
+    def dump_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
+        """The (hung) thread's Python stack, most recent call last."""
+        w = self._workers[worker_id]
+        if w is None or w.thread is None or w.thread.ident is None:
+            return ""
+        frame = sys._current_frames().get(w.thread.ident)
+        if frame is None:
+            return ""
+        return (
+            f'Thread "{w.thread.name}" (most recent call last):\n'
+            + "".join(traceback.format_stack(frame))
+        )
+
+    def kill(self, worker_id: int) -> None:
+        """Abandon the thread (it cannot be killed); its `Died` event follows in `wait`."""
+        w = self._workers[worker_id]
+        if w is None or w.abandoned:
+            return
+        w.abandoned = True
+        w.inbox.put(Stop())  # it exits once its current call returns
+        # Kept as the worker of its id until `respawn`, as a killed process is until it is
+        # reaped: its progress still shows the hung task, and tasks sent meanwhile are
+        # re-sent to the replacement (they are still held).
+        self._generations[worker_id] += 1  # what it sends from now on is dropped
+        died = Died(exitcode=None, pid=os.getpid(), progress=w.progress())
+        self._events.put((worker_id, self._generations[worker_id], died))

@@ -1,0 +1,138 @@
+"""What `torch.utils.data.get_worker_info()` returns in a worker: per process, or per thread.
+
+torch keeps one module global (`torch.utils.data._utils.worker._worker_info`), which is
+right for processes. Thread workers share a process, so each thread needs its own answer
+while the main thread must still get None. `install_per_thread` makes torch's own
+`get_worker_info` function consult a thread-local first: its code object is swapped for
+one that does, which every reference sees, including ``from torch.utils.data import
+get_worker_info`` bound before (replacing the module attribute would miss those).
+
+Each worker's info also carries random generators of its own, seeded from the worker's
+seed, in torch's own container for thread workers: ``info.rng.torch_generator``,
+``info.rng.random_generator`` (`random.Random`) and ``info.rng.numpy_generator`` (numpy's
+`Generator`), with ``info.worker_method`` "thread" or "multiprocessing". Thread workers
+share the process-wide generators (``torch.rand``, ``random.random``), whose draws then
+depend on thread scheduling; these do not.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data._utils import worker as _torch_worker
+
+_threads = threading.local()
+_install_lock = threading.Lock()
+
+
+def make_info(worker_id: int, num_workers: int, seed: int, dataset: Any, method: str) -> Any:
+    """torch's `WorkerInfo` for one worker, with generators of its own seeded from ``seed``
+    (``info.rng``, torch's container for thread workers) and ``worker_method`` ("thread" or
+    "multiprocessing"), where this torch has them."""
+    fields: dict[str, Any] = {}
+    rng_type = getattr(_torch_worker, "_RNG", None)
+    if rng_type is not None:
+        fields["rng"] = rng_type(
+            random.Random(seed), torch.Generator().manual_seed(seed),
+            np.random.Generator(np.random.PCG64(seed)),
+        )
+        fields["worker_method"] = method
+    try:
+        return _torch_worker.WorkerInfo(
+            id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset, **fields
+        )
+    except TypeError:  # a torch whose WorkerInfo has neither
+        return _torch_worker.WorkerInfo(
+            id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
+        )
+
+
+def _per_thread_get_worker_info() -> Any:
+    # The body torch's get_worker_info gets: it runs with *torch's* module globals, where
+    # install_per_thread put ``_steadyload_threads`` beside torch's ``_worker_info``.
+    info = getattr(_steadyload_threads, "info", None)  # type: ignore[name-defined]  # noqa: F821
+    return _worker_info if info is None else info  # type: ignore[name-defined]  # noqa: F821
+
+
+def install_per_thread() -> None:
+    """Make torch's `get_worker_info` answer per thread (idempotent).
+
+    Raises:
+        RuntimeError: torch's function is not the plain global read this relies on.
+    """
+    with _install_lock:
+        function = _torch_worker.get_worker_info
+        if function.__code__ is _per_thread_get_worker_info.__code__:
+            return
+        if function.__code__.co_freevars or "_worker_info" not in function.__code__.co_names:
+            raise RuntimeError(
+                "steadyload's thread workers cannot give each thread its own "
+                "get_worker_info(): torch.utils.data._utils.worker.get_worker_info is not "
+                f"the global read it expects in torch {torch.__version__}. Use "
+                "worker_type='process', and please report this."
+            )
+        _torch_worker._steadyload_threads = _threads  # type: ignore[attr-defined]  # ours
+        function.__code__ = _per_thread_get_worker_info.__code__
+
+
+def set_thread_info(info: Any) -> None:
+    """What `get_worker_info()` returns in the calling thread (None: the process's own)."""
+    _threads.info = info
+
+
+def thread_worker_id() -> int | None:
+    """The id of the thread worker calling, or None outside thread workers."""
+    info = getattr(_threads, "info", None)
+    return None if info is None else int(info.id)
+
+
+_warned: set[type] = set()  # dataset classes already warned about (main thread only)
+
+
+def global_rngs(dataset_type: type) -> tuple[Any, ...] | None:
+    """The process-wide generators' states; None once `warn_global_draws` named the class.
+
+    Taken around a thread worker's first task: a change means the dataset drew from them
+    (the training loop could draw meanwhile too, but it is waiting for that first batch).
+    """
+    if dataset_type in _warned:
+        return None
+    return torch.random.default_generator.get_state(), random.getstate(), np.random.get_state()
+
+
+def drawn(before: tuple[Any, ...]) -> bool:
+    """Whether the process-wide generators moved since ``before`` (`global_rngs`)."""
+    after: tuple[Any, ...] = (
+        torch.random.default_generator.get_state(), random.getstate(), np.random.get_state()
+    )
+    return not (
+        torch.equal(before[0], after[0]) and before[1] == after[1]
+        and np.array_equal(before[2][1], after[2][1])
+    )
+
+
+def warn_global_draws(dataset_type: type) -> None:
+    """Warn (once per dataset class) that thread workers drew from shared generators.
+
+    Called by the iterating thread: a warning raised in a worker thread (``-W error``)
+    would end the thread, and the caller's warning filters are meant for the caller.
+    """
+    if dataset_type in _warned:
+        return
+    _warned.add(dataset_type)
+    warnings.warn(
+        f"steadyload: {dataset_type.__qualname__} drew random numbers from a process-wide "
+        "generator (torch.rand, random.random or np.random without a generator) in a "
+        "thread worker. Thread workers share those generators with each other and with "
+        "the training loop, so the values depend on thread timing and do not repeat from "
+        "run to run. Draw from the worker's own generators instead: "
+        "get_worker_info().rng.torch_generator (e.g. torch.rand(3, generator=...)), "
+        ".random_generator, .numpy_generator; with sample_seeds=True they give the same "
+        "values for any number of workers. Or use worker_type='process'.",
+        RuntimeWarning, stacklevel=5,
+    )

@@ -1,0 +1,359 @@
+"""Thread workers (worker_type="thread") keep steadyload's promises where threads allow,
+and worker_type="auto" picks threads or processes by measuring the dataset."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import Dataset, get_worker_info  # bound before any thread worker runs
+
+import steadyload as sl
+from tests.datasets import FaultOnce, IterDS, MapDS, StatefulStream
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(batch_size=3),
+    dict(batch_size=3, drop_last=True),
+    dict(batch_size=None),
+    dict(batch_size=4, shuffle=True),
+    dict(batch_size=3, in_order=False),
+    dict(batch_size=2, prefetch_factor=1),
+], ids=["batches", "drop_last", "no-batching", "shuffle", "in_order=False", "prefetch=1"])
+def test_map_style_batches_and_order_are_torchs(kwargs: dict[str, Any]) -> None:
+    def run(cls: Any, **extra: Any) -> list[Any]:
+        loader = cls(MapDS(23), num_workers=2, generator=torch.Generator().manual_seed(5),
+                     **kwargs, **extra)
+        return list(loader)
+
+    want = run(torch.utils.data.DataLoader, multiprocessing_context="fork")
+    got = run(sl.DataLoader, worker_type="thread")
+    if kwargs.get("in_order") is False:  # as they come: the same batches, maybe reordered
+        key = lambda b: b.flatten().tolist()  # noqa: E731
+        assert sorted(map(key, got)) == sorted(map(key, want))
+    else:
+        assert _same(got, want)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # torch's
+@pytest.mark.filterwarnings("ignore:steadyload. IterDS drew random numbers")  # its torch.rand
+def test_iterable_replicas_are_sharded_per_thread_and_persistent_epochs_repeat() -> None:
+    # Each thread has its own replica, sharded by its own get_worker_info(): torch's items.
+    loader = sl.DataLoader(IterDS(21), batch_size=4, num_workers=3, worker_type="thread",
+                           persistent_workers=True)
+    want = [b["i"].tolist() for b in torch.utils.data.DataLoader(IterDS(21), batch_size=4,
+                                                                  num_workers=3)]
+    for _ in range(2):
+        assert [b["i"].tolist() for b in loader] == want
+    assert loader.report().start_method == "thread"
+
+
+class WhoLoads(Dataset[Any]):
+    """Sample i: (i, worker id, worker method, thread name, a draw from the worker's own
+    torch generator); counts the per_worker builds per thread."""
+
+    builds: list[int] = []
+    lock = threading.Lock()
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def _build() -> Any:  # type: ignore[misc]  # a per_worker factory, not a method
+        with WhoLoads.lock:
+            WhoLoads.builds.append(threading.get_ident())
+        return threading.get_ident()
+
+    resource = sl.per_worker(_build)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        assert info is not None and info.rng is not None
+        assert self.resource == threading.get_ident()
+        draw = float(torch.rand((), generator=info.rng.torch_generator))
+        return i, info.id, info.worker_method, threading.current_thread().name, draw
+
+
+def test_worker_info_init_fn_and_per_worker_are_per_thread() -> None:
+    inits: list[tuple[int, str]] = []
+
+    def init(worker_id: int) -> None:
+        inits.append((worker_id, threading.current_thread().name))
+
+    WhoLoads.builds.clear()
+    loader = sl.DataLoader(WhoLoads(12), batch_size=2, num_workers=2, worker_type="thread",
+                           worker_init_fn=init, collate_fn=list)
+    seen_in_main = []
+    rows = []
+    for batch in loader:
+        seen_in_main.append(get_worker_info())
+        rows += batch
+    assert seen_in_main == [None] * 6  # the main thread is no worker
+    assert sorted(inits) == [(0, "steadyload-thread-0"), (1, "steadyload-thread-1")]
+    # Task k goes to worker k % 2 (torch's round-robin); each thread says it is that worker.
+    assert [(i, wid, how, name) for i, wid, how, name, _ in rows] == [
+        (i, (i // 2) % 2, "thread", f"steadyload-thread-{(i // 2) % 2}") for i in range(12)
+    ]
+    assert len(WhoLoads.builds) == 2 and len(set(WhoLoads.builds)) == 2  # once per thread
+    assert not WhoLoads.resource.built  # never built in the main thread
+
+
+def test_sample_seeds_make_the_workers_own_draws_independent_of_the_layout() -> None:
+    def draws(**kwargs: Any) -> list[float]:
+        loader = sl.DataLoader(WhoLoads(12), batch_size=3, collate_fn=list, sample_seeds=True,
+                               generator=torch.Generator().manual_seed(3), **kwargs)
+        return [row[4] for batch in loader for row in batch]
+
+    one = draws(num_workers=1, worker_type="thread")
+    assert draws(num_workers=3, worker_type="thread") == one
+    assert draws(num_workers=2, worker_type="process") == one  # the same in processes
+    assert len(set(one)) == 12
+
+
+class DrawsGlobally(MapDS):
+    def __getitem__(self, i: int) -> Any:
+        return torch.rand(1)
+
+
+def test_drawing_from_the_global_generator_in_threads_is_said_once() -> None:
+    with pytest.warns(RuntimeWarning, match=r"DrawsGlobally drew random numbers from a process-wide generator .* get_worker_info\(\)\.rng\.torch_generator") as caught:
+        for _ in range(2):
+            list(sl.DataLoader(DrawsGlobally(8), batch_size=2, num_workers=2, worker_type="thread"))
+    assert sum("process-wide generator" in str(w.message) for w in caught) == 1
+
+
+def test_skip_and_dataset_errors_in_threads(tmp_path: Path) -> None:
+    ds = FaultOnce(12, {4, 9}, "raise", str(tmp_path), always=True)
+    loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="thread", on_error="skip")
+    got = [b.flatten().tolist() for b in loader]
+    assert got == [[0, 1, 2, 3], [5, 6, 7], [8, 10, 11]]
+    assert {k.index for k in loader.report().skipped} == {4, 9}
+    raising = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="thread")
+    with pytest.raises(ValueError, match="sample 4 is corrupt") as info:
+        list(raising)
+    assert any("while loading sample 4" in note for note in info.value.__notes__)
+
+
+class HangsOn(Dataset[Any]):
+    """Sample ``at`` sleeps ``sleep_s`` the first ``times`` times it is loaded."""
+
+    def __init__(self, n: int, at: int, sleep_s: float, times: int) -> None:
+        self.n, self.at, self.sleep_s, self.times = n, at, sleep_s, times
+        self.loads = 0
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.at:
+            with self.lock:
+                self.loads += 1
+                hang = self.loads <= self.times
+            if hang:
+                time.sleep(self.sleep_s)  # the line the stack points at
+        return torch.tensor([i])
+
+
+def _threads_end(timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while any(t.name.startswith("steadyload-thread") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "an abandoned thread worker did not end"
+        time.sleep(0.05)
+
+
+def test_a_hung_thread_is_abandoned_and_its_batch_rerun_once() -> None:
+    loader = sl.DataLoader(HangsOn(12, 5, sleep_s=2.0, times=1), batch_size=2, num_workers=2,
+                           worker_type="thread", hang_timeout=0.5)
+    got = [b.flatten().tolist() for b in loader]
+    assert got == [[i, i + 1] for i in range(0, 12, 2)]  # every batch once, in order
+    (restart,) = loader.report().restarts
+    assert restart.cause.startswith("hung for more than hang_timeout=0.5 s")
+    _threads_end(5)
+
+
+def test_a_sample_that_hangs_twice_raises_with_the_threads_stack() -> None:
+    loader = sl.DataLoader(HangsOn(8, 3, sleep_s=2.0, times=2), batch_size=2, num_workers=2,
+                           worker_type="thread", hang_timeout=0.5)
+    with pytest.raises(sl.WorkerHangError, match=r"(?s)thread worker 1 hung while loading sample 3: .*time\.sleep\(self\.sleep_s\).*A thread cannot be killed: steadyload abandoned it"):
+        list(loader)
+    _threads_end(5)
+
+
+@pytest.mark.parametrize("resume_with", ["thread", "process"])
+def test_resume_mid_epoch_from_thread_workers(resume_with: str) -> None:
+    def loader(worker_type: str) -> sl.DataLoader[Any]:
+        return sl.DataLoader(MapDS(30), batch_size=3, shuffle=True, num_workers=2,
+                             generator=torch.Generator().manual_seed(11), worker_type=worker_type)
+
+    want = [b.tolist() for b in loader("thread")]
+    first = loader("thread")
+    it = iter(first)
+    head = [next(it).tolist() for _ in range(4)]
+    state = first.state_dict()
+    del it
+    resumed = loader(resume_with)
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b in resumed] == want
+
+
+def test_a_stateful_stream_resumes_in_threads(tmp_path: Path) -> None:
+    ds = StatefulStream(24, kill_at=-1, marker_dir=str(tmp_path))
+    make = lambda: sl.DataLoader(ds, batch_size=3, num_workers=2, worker_type="thread")  # noqa: E731
+    want = [b.tolist() for b in make()]
+    first = make()
+    it = iter(first)
+    head = [next(it).tolist() for _ in range(3)]
+    state = first.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b in resumed] == want
+
+
+def test_report_shows_each_thread() -> None:
+    loader = sl.DataLoader(MapDS(40), batch_size=4, num_workers=2, worker_type="thread")
+    list(loader)
+    report = loader.report()
+    assert report.start_method == "thread" and report.batches == 10
+    assert [w.worker_id for w in report.workers] == [0, 1]
+    assert sum(w.samples for w in report.workers) == 40
+    assert all(w.busy_share is not None and w.samples_per_s for w in report.workers)
+    assert "start method thread" in str(report)
+
+
+def test_threads_cannot_take_a_memory_cap() -> None:
+    with pytest.raises(ValueError, match="max_worker_memory needs process workers, got worker_type='thread'"):
+        sl.DataLoader(MapDS(4), num_workers=2, worker_type="thread", max_worker_memory="1GiB")
+    with pytest.raises(ValueError, match="worker_type must be 'process', 'thread' or 'auto', got 'threads'"):
+        sl.DataLoader(MapDS(4), num_workers=2, worker_type="threads")
+
+
+class PurePython(MapDS):
+    """Holds the GIL: a Python loop per sample."""
+
+    def __getitem__(self, i: int) -> Any:
+        total = 0
+        for k in range(30_000):
+            total += k * i
+        return torch.tensor([total % 997])
+
+
+class Waits(MapDS):
+    """Releases the GIL: waits (like a read from disk or network) per sample."""
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(0.002)
+        return torch.tensor([i])
+
+
+def _warm_fork_server() -> None:
+    # A cold fork server imports torch for a second; these tests want the hand-over inside
+    # the epoch, so they start from a warm one (as every loader after the first does).
+    list(sl.DataLoader(MapDS(2), num_workers=1))
+
+
+def test_auto_keeps_threads_where_they_overlap() -> None:
+    loader = sl.DataLoader(Waits(64), batch_size=4, num_workers=2, worker_type="auto")
+    want = [b.tolist() for b in torch.utils.data.DataLoader(Waits(64), batch_size=4)]
+    assert [b.tolist() for b in loader] == want
+    report = loader.report()
+    assert report.start_method == "thread"
+    assert (report.worker_type_choice or "").startswith(
+        "worker_type='auto' chose thread workers: 2 thread workers spent ")
+    assert "they mostly wait (I/O)" in str(report)
+
+
+def test_auto_hands_over_to_processes_where_the_work_holds_the_gil() -> None:
+    _warm_fork_server()
+    ds = PurePython(320)
+    loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto")
+    want = [b.tolist() for b in torch.utils.data.DataLoader(ds, batch_size=4)]
+    assert [b.tolist() for b in loader] == want  # every batch once, in order, across it
+    report = loader.report()
+    assert report.start_method == "forkserver", report
+    choice = report.worker_type_choice or ""
+    assert choice.startswith("worker_type='auto' chose process workers: 2 thread workers spent ")
+    assert "they took turns (the work holds the GIL)" in choice
+    assert "the first batches came from thread workers while the processes started" in choice
+    assert all(w.pid != os.getpid() for w in report.workers)
+    # The next epoch starts on processes at once: the choice is kept.
+    assert [b.tolist() for b in loader] == want
+    assert loader.report().start_method == "forkserver"
+
+
+class KillsInAProcess(PurePython):
+    """Holds the GIL; sample ``at`` kills its worker, once, when a process loads it."""
+
+    def __init__(self, n: int, at: int, marker_dir: str) -> None:
+        super().__init__(n)
+        self.at, self.marker_dir = at, marker_dir
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        if i == self.at and info is not None and info.worker_method == "multiprocessing":
+            try:
+                os.close(os.open(os.path.join(self.marker_dir, "k"), os.O_CREAT | os.O_EXCL))
+                os.kill(os.getpid(), signal.SIGKILL)
+            except FileExistsError:
+                pass
+        return super().__getitem__(i)
+
+
+def test_a_worker_killed_across_the_hand_over_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    _warm_fork_server()
+    ds = KillsInAProcess(320, 250, str(tmp_path))
+    want = [b.tolist() for b in torch.utils.data.DataLoader(ds, batch_size=4)]  # no worker: no kill
+    loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto")
+    assert [b.tolist() for b in loader] == want
+    report = loader.report()
+    assert report.start_method == "forkserver"
+    assert [r.cause for r in report.restarts] == ["killed by SIGKILL"]
+    assert (tmp_path / "k").exists()
+
+
+def test_auto_never_starts_a_stream_on_threads_and_an_explicit_choice_wins() -> None:
+    loader = sl.DataLoader(IterDS(8), batch_size=4, num_workers=2, worker_type="auto")
+    list(loader)
+    assert "an IterableDataset's stream cannot move" in (loader.report().worker_type_choice or "")
+    explicit = sl.DataLoader(PurePython(8), batch_size=4, num_workers=2, worker_type="thread")
+    list(explicit)
+    assert explicit.report().start_method == "thread"
+    assert explicit.report().worker_type_choice is None
+
+
+class WaitsAndDraws(MapDS):
+    """Releases the GIL, but draws from torch's process-wide generator."""
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(0.002)
+        return torch.rand(1)
+
+
+def test_auto_moves_a_dataset_that_draws_from_the_global_generators_to_processes() -> None:
+    loader = sl.DataLoader(WaitsAndDraws(64), batch_size=4, num_workers=2, worker_type="auto")
+    with pytest.warns(RuntimeWarning, match="WaitsAndDraws drew random numbers"):
+        assert len(list(loader)) == 16
+    assert (loader.report().worker_type_choice or "").startswith(
+        "worker_type='auto' chose process workers: the dataset draws from the process-wide "
+        "random generators, which thread workers share")
