@@ -46,7 +46,7 @@ LOADERS = [
     "tdn-thread", "tdn-process", "spdl-thread", "grain-process", "grain-thread",
 ]
 WORKLOADS = {  # name: (batch size, batches, quick batches)
-    "jpeg": (32, 24, 8), "python": (16, 24, 8), "tiny": (64, 400, 100), "big": (32, 40, 12),
+    "jpeg": (32, 48, 8), "python": (16, 96, 8), "tiny": (64, 1500, 100), "big": (32, 150, 12),
 }
 
 
@@ -85,16 +85,17 @@ from torch.utils.data._utils.collate import default_collate  # noqa: E402
 class Jpegs(Dataset[Any]):
     """JPEG files decoded and resized to 224x224 (uint8 CHW)."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, n: int) -> None:
         self.paths = sorted(str(p) for p in Path(folder).glob("*.jpg"))
+        self.n = n
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return self.n
 
     def __getitem__(self, i: int) -> Any:
         from PIL import Image
 
-        with Image.open(self.paths[i]) as img:
+        with Image.open(self.paths[i % len(self.paths)]) as img:  # files reused: page cache
             small = img.convert("RGB").resize((224, 224), Image.BILINEAR)
         return torch.from_numpy(np.asarray(small)).permute(2, 0, 1).contiguous()
 
@@ -187,9 +188,7 @@ def dataset(workload: str, batches: int) -> Any:
     if workload == "jpeg":
         folder = OUT / "peers-jpegs"
         make_jpegs(folder)
-        ds = Jpegs(str(folder))
-        assert len(ds) >= n, "too few JPEG files"
-        return ds
+        return Jpegs(str(folder), n)
     if workload == "python":
         return PythonWork(n, 12_000)
     if workload == "tiny":
@@ -223,43 +222,46 @@ def _tree_pss() -> int:
     return total
 
 
-def make_loader(kind: str, ds: Any, size: int) -> Any:
-    """An iterator over ``ds`` in order, batches of ``size``, 2 workers, as ``kind`` does it."""
+def make_loader(kind: str, ds: Any, size: int) -> tuple[Any, Any]:
+    """(loader or None, an iterator over ``ds`` in order): batches of ``size``, 2 workers,
+    as ``kind`` does it."""
     from torch.utils.data import BatchSampler, SequentialSampler
 
     batches = list(BatchSampler(SequentialSampler(range(len(ds))), size, drop_last=False))
     if kind.startswith("torch-"):
-        return iter(torch.utils.data.DataLoader(
-            ds, batch_size=size, num_workers=2, multiprocessing_context=kind[6:]))
+        loader = torch.utils.data.DataLoader(
+            ds, batch_size=size, num_workers=2, multiprocessing_context=kind[6:])
+        return loader, iter(loader)
     if kind.startswith("sl-"):
         import steadyload as sl
 
-        return iter(sl.DataLoader(ds, batch_size=size, num_workers=2, worker_type=kind[3:]))
+        loader = sl.DataLoader(ds, batch_size=size, num_workers=2, worker_type=kind[3:])
+        return loader, iter(loader)
     if kind.startswith("tdn-"):
         import torchdata.nodes as tn
 
         node = tn.IterableWrapper(batches)
         node = tn.ParallelMapper(node, map_fn=FetchBatch(ds), num_workers=2,
                                  method=kind[4:], in_order=True)
-        return iter(tn.Loader(tn.Prefetcher(node, prefetch_factor=4)))
+        return None, iter(tn.Loader(tn.Prefetcher(node, prefetch_factor=4)))
     if kind == "spdl-thread":
         from spdl.dataloader import DataLoader as SpdlLoader
 
-        return iter(SpdlLoader(batches, preprocessor=FetchBatch(ds), num_threads=2,
-                               buffer_size=4, output_order="input"))
+        return None, iter(SpdlLoader(batches, preprocessor=FetchBatch(ds), num_threads=2,
+                                     buffer_size=4, output_order="input"))
     if kind.startswith("grain-"):
         import grain.python as gp
 
         if kind == "grain-process":
             sampler = gp.IndexSampler(len(ds), shard_options=gp.NoSharding(), shuffle=False,
                                       num_epochs=1)
-            return iter(gp.DataLoader(data_source=AsNumpy(ds), sampler=sampler,
-                                      operations=[gp.Batch(size)], worker_count=2))
+            return None, iter(gp.DataLoader(data_source=AsNumpy(ds), sampler=sampler,
+                                            operations=[gp.Batch(size)], worker_count=2))
         import grain
 
         pipe = (grain.MapDataset.source(AsNumpy(ds)).batch(size)
                 .to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)))
-        return iter(pipe)
+        return None, iter(pipe)
     raise ValueError(kind)
 
 
@@ -267,8 +269,8 @@ def child(workload: str, kind: str, batches: int) -> dict[str, Any]:
     size = WORKLOADS[workload][0]
     ds = dataset(workload, batches)
     if kind == "reference":
-        loader = iter(torch.utils.data.DataLoader(ds, batch_size=size))
-        return {"sums": [_checksum(b) for b in loader]}
+        reference = torch.utils.data.DataLoader(ds, batch_size=size)
+        return {"sums": [_checksum(b) for b in reference]}
     peak = [_tree_pss()]
     stop = threading.Event()
 
@@ -279,7 +281,7 @@ def child(workload: str, kind: str, batches: int) -> dict[str, Any]:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     t0 = time.perf_counter()
-    it = make_loader(kind, ds, size)
+    loader, it = make_loader(kind, ds, size)
     first = next(it)
     t_first = time.perf_counter()
     sums = [_checksum(first)]
@@ -290,9 +292,10 @@ def child(workload: str, kind: str, batches: int) -> dict[str, Any]:
     t_last = time.perf_counter()
     stop.set()
     sampler.join()
+    choice = loader.report().worker_type_choice if kind == "sl-auto" else None
     del it
     return {"first_s": t_first - t0, "rate": samples / (t_last - t_first), "peak_pss": peak[0],
-            "sums": sums}
+            "sums": sums, "choice": choice}
 
 
 def _run_child(workload: str, kind: str, batches: int) -> dict[str, Any]:
@@ -334,7 +337,8 @@ def main() -> None:
                 print(f"  {workload:6s} rep {rep + 1} {kind:16s} "
                       + (r["error"] if "error" in r else
                          f"{r['rate']:9.1f}/s first {r['first_s'] * 1e3:7.1f} ms "
-                         f"PSS {r['peak_pss'] / 2**20:6.0f} MiB same={r['same']}"), flush=True)
+                         f"PSS {r['peak_pss'] / 2**20:6.0f} MiB same={r['same']}"
+                         + (f"\n      {r['choice']}" if r.get("choice") else "")), flush=True)
     summary = _table(runs, workloads, loaders)
     if args.json:
         args.json.write_text(json.dumps({"runs": {f"{w}/{k}": v for (w, k), v in runs.items()},

@@ -98,10 +98,9 @@ class HandoverPool:
         process of that id (itself, if only its thread died)."""
         if worker_id in self._thread_died:
             self._thread_died.discard(worker_id)
+            self._held[worker_id] = 0  # what the thread held is re-sent (and counted) anew
             if self._procs is None:
                 self._threads.respawn(worker_id)
-            else:
-                self._held[worker_id] = 0  # what the thread held is re-sent to the process
             return
         assert self._procs is not None
         self._procs.respawn(worker_id)
@@ -189,6 +188,8 @@ class HandoverPool:
             return
         self._helper = None
         if self._started is None:
+            if self._closing:
+                return  # the helper stopped what it started: the iterator is gone
             error = self._start_error
             self._stay(f"starting process workers failed ({type(error).__name__}: {error})")
             return
@@ -251,7 +252,12 @@ class HandoverPool:
         if self._procs is None:
             from_threads = self._threads.wait(timeout_s)  # the helper's end wakes it
         else:
-            also = (self._threads.waitable,) if self._threads.running else ()
+            also: tuple[Any, ...] = ()
+            if self._threads.running:
+                self._threads.waitable.armed = True  # then look: nothing can slip between
+                also = (self._threads.waitable,)
+                if self._threads.on_its_way(0):
+                    timeout_s = 0.0
             events = self._procs.wait(timeout_s, also=also)
             if self._threads.running:
                 from_threads = self._threads.wait(0)

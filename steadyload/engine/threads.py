@@ -193,7 +193,8 @@ class ThreadSupervisor:
         """Block until an event arrives or ``timeout_s`` passes; then take all that came.
         Events of abandoned threads are dropped. [Unit: second]"""
         out: list[tuple[int, object]] = []
-        self._events.drain()
+        if self._events.armed:
+            self._events.drain()
         try:
             with interrupts_allowed():  # the one blocking call, as in Supervisor.wait
                 first = self._events.queue.get(timeout=timeout_s)
@@ -204,10 +205,7 @@ class ThreadSupervisor:
             worker_id, generation, event = item
             if worker_id >= 0 and generation == self._generations[worker_id]:
                 out.append((worker_id, event))
-            try:
-                item = self._events.queue.get_nowait()
-            except queue.Empty:
-                item = None
+            item = self._events.queue.get_nowait() if not self._events.queue.empty() else None
         return out
 
     def wake(self) -> None:

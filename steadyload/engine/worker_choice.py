@@ -5,10 +5,13 @@ tensor copies, I/O): no start-up, no transport, one copy of every resource. Proc
 where it holds the GIL (pure-Python transforms): threads would take turns. Which one a
 dataset is cannot be read from its code, so "auto" starts thread workers at once (the first
 batch in milliseconds) and measures them: the share of their loading time each thread
-spent on a CPU. Threads that hold the GIL take turns, so with two or more of them that
-share stays near 1/threads; threads that release it run at once (near 1), and threads that
-wait for I/O use little CPU (near 0). A middle share means GIL turns: the loader starts
-process workers and hands the next batches over to them (engine/handover.py).
+spent on a CPU (each thread's first batch left out: lazy set-up). Times the number of
+threads, that is how many CPUs' worth they loaded at once: threads that hold the GIL take
+turns, so at most one together; threads that release it run at once (up to one each);
+threads that wait for I/O use little CPU. About one CPU's worth means GIL turns: the
+loader starts process workers and hands the next batches over to them
+(engine/handover.py). In between, threads are kept: they cost less (no start-up, no
+transport, one copy of the dataset) for about the same speed.
 
 Some loaders are never started on threads: a stream (its position lives in the replica
 that reads it, which cannot move to a process), a ``worker_init_fn`` (it would run in this
@@ -24,8 +27,9 @@ from typing import Any
 
 _LOG = logging.getLogger(__name__)
 
-PARALLEL_SHARE = 0.75
-"""CPU share of loading time above which threads ran in parallel (the GIL released)."""
+PARALLEL_CPUS = 1.3
+"""CPUs' worth of loading the threads did at once (CPU share x threads) above which they ran
+in parallel: threads that hold the GIL do at most one CPU's worth together."""
 WAITING_SHARE = 0.3
 """CPU share below which threads mostly wait (I/O): threads overlap the waits."""
 MIN_TASKS_PER_WORKER = 2  # batches measured per thread before deciding
@@ -77,14 +81,16 @@ def live_choice(measured: tuple[int, float, float], workers: int) -> WorkerChoic
     if tasks < MIN_TASKS_PER_WORKER * workers or wall < MIN_WALL_S:
         return None
     share = cpu / wall
+    parallel = share * workers
     figures = (
-        f"{workers} thread workers spent {share:.0%} of {tasks} batches' loading time on a CPU"
+        f"{workers} thread workers spent {share:.0%} of {tasks} batches' loading time on a "
+        f"CPU ({parallel:.2f} CPUs' worth at once)"
     )
     if share < WAITING_SHARE:
         return chose("thread", f"{figures}: they mostly wait (I/O), and threads overlap waits")
-    if share >= PARALLEL_SHARE and workers >= 2:
+    if parallel >= PARALLEL_CPUS and workers >= 2:
         return chose("thread", f"{figures}: they ran in parallel (the work releases the GIL)")
     if workers < 2:
         return chose("process", f"{figures}: with one thread, work that holds the GIL "
-                                 "cannot be told from work that releases it")
+                                "cannot be told from work that releases it")
     return chose("process", f"{figures}: they took turns (the work holds the GIL)")

@@ -60,7 +60,8 @@ def _per_thread_get_worker_info() -> Any:
 
 
 def install_per_thread() -> None:
-    """Make torch's `get_worker_info` answer per thread (idempotent).
+    """Make torch's `get_worker_info` answer per thread, and shared storage asked for in a
+    thread worker plain (idempotent).
 
     Raises:
         RuntimeError: torch's function is not the plain global read this relies on.
@@ -78,6 +79,21 @@ def install_per_thread() -> None:
             )
         _torch_worker._steadyload_threads = _threads  # type: ignore[attr-defined]  # ours
         function.__code__ = _per_thread_get_worker_info.__code__
+        _install_plain_storage()
+
+
+def _install_plain_storage() -> None:
+    """In a thread worker, storage asked for as shared (default_collate does so whenever
+    `get_worker_info()` is not None, to hand the batch to another process) is plain: the
+    batch stays in this process, and a /dev/shm segment per batch would only cost."""
+    original = torch.UntypedStorage._new_shared
+
+    def _new_shared(cls: type, size: int, *, device: Any = "cpu") -> torch.UntypedStorage:
+        if getattr(_threads, "info", None) is not None and torch.device(device).type == "cpu":
+            return torch.UntypedStorage(size)
+        return original(size, device=device)
+
+    torch.UntypedStorage._new_shared = classmethod(_new_shared)  # type: ignore[assignment,method-assign]  # deliberate, once (see install_per_thread)
 
 
 def set_thread_info(info: Any) -> None:
