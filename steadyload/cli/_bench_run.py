@@ -31,7 +31,7 @@ class Measurement:
     """One loader configuration run by `bench`."""
 
     loader: str
-    """"steadyload" or "torch"."""
+    """"steadyload" (process workers), "steadyload-thread", "steadyload-auto" or "torch"."""
     num_workers: int
     samples_per_s: float | None
     """Steady throughput, after start-up and one batch per worker. None: failed."""
@@ -47,6 +47,8 @@ class Measurement:
     batch_time_cv: float | None
     """Stdev / mean of the time per round of one batch from each worker (0: even)."""
     error: str | None = None
+    worker_type_choice: str | None = None
+    """steadyload-auto: what ``worker_type="auto"`` chose, and its figures."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,10 @@ class Recommendation:
     prefetch_factor: int | None
     reason: str
     prefetch_reason: str
+    worker_type: str
+    """"process" or "thread": the faster at the recommended count (threads when within 5%:
+    they cost less)."""
+    worker_type_reason: str
     memory_bound: int | None
     """Workers that fit in half the available memory (`tuning.MEMORY_SHARE`); None: unknown."""
     cpu_bound: int
@@ -79,6 +85,12 @@ class BenchResult:
     not_measured: tuple[tuple[str, int], ...]
     recommendation: Recommendation
 
+    @property
+    def worker_type_choice(self) -> str | None:
+        """What ``worker_type="auto"`` chose in its run, with the figures (None: not run)."""
+        return next((m.worker_type_choice for m in self.measurements
+                     if m.worker_type_choice), None)  # fmt: skip
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; its keys are a stable schema (``"version": 1``)."""
         profile = asdict(self.profile)
@@ -97,6 +109,7 @@ class BenchResult:
             "measurements": [asdict(m) for m in self.measurements],
             "not_measured": [{"loader": k, "num_workers": n} for k, n in self.not_measured],
             "recommendation": asdict(self.recommendation),
+            "worker_type_choice": self.worker_type_choice,
         }
 
 
@@ -125,8 +138,12 @@ def bench(
     deadline = started + budget_s
     cpus = usable_cpus()
     counts = list(worker_counts) if worker_counts is not None else list(range(cpus + 1))
-    kinds = ["steadyload", "torch"] if compare_torch else ["steadyload"]
-    configs = [(kind, n) for n in counts for kind in kinds]
+    kinds = ["steadyload", "steadyload-thread", "torch"] if compare_torch else [
+        "steadyload", "steadyload-thread"]
+    configs = [(kind, n) for n in counts for kind in kinds
+               if n > 0 or kind != "steadyload-thread"]
+    if max(counts, default=0) > 0:  # what "auto" chooses, at the most workers measured
+        configs.append(("steadyload-auto", max(counts)))
     total = len(configs) + 1
     if on_step:
         on_step("per-sample time in this process", 0, total)
@@ -182,7 +199,9 @@ def measure(
 
     from ..loader import DataLoader
 
-    cls = DataLoader if kind == "steadyload" else torch.utils.data.DataLoader
+    ours = kind.startswith("steadyload")
+    options: dict[str, Any] = {"worker_type": kind.partition("-")[2] or "process"} if ours else {}
+    cls = DataLoader if ours else torch.utils.data.DataLoader
     counter = _Counter(dataset, batch_size)
     loader: Any = None
     it: Any = None
@@ -190,7 +209,7 @@ def measure(
     try:
         loader = cls(dataset, batch_size=batch_size, collate_fn=collate_fn,
                      num_workers=num_workers, persistent_workers=num_workers > 0,
-                     timeout=timeout_s if num_workers else 0)
+                     timeout=timeout_s if num_workers else 0, **options)
         it = iter(loader)
         next(it)
         start_s = time.perf_counter() - t0
@@ -219,8 +238,9 @@ def measure(
     rounds = [sum(intervals[k:k + step]) for k in range(0, len(intervals) - step + 1, step)]
     mean = statistics.fmean(rounds) if rounds else 0.0
     cv = statistics.pstdev(rounds) / mean if len(rounds) > 1 and mean > 0 else None
+    choice = loader.report().worker_type_choice if kind == "steadyload-auto" else None
     return Measurement(kind, num_workers, samples / (last - begin), start_s, uss, pss,
-                       len(intervals), last - begin, cv)
+                       len(intervals), last - begin, cv, worker_type_choice=choice)
 
 
 class _Counter:
@@ -263,7 +283,9 @@ def _worker_memory(kind: str, loader: Any, it: Any) -> tuple[int | None, int | N
     """Mean (USS, PSS) of the loader's live workers, read now with psutil."""
     import psutil
 
-    if kind == "steadyload":
+    if kind.startswith("steadyload"):
+        if loader.report().start_method == "thread":
+            return None, None  # threads have no memory of their own
         pids = [w.pid for w in loader.report().workers if w.pid]
     else:
         pids = [w.pid for w in getattr(it, "_workers", [])]
@@ -294,7 +316,7 @@ def recommend(
         return Recommendation(0, None, "nothing was measured: "
                               + (measured[0].error if measured and measured[0].error else
                                  "the budget ran out; run with a larger --budget"),
-                              "-", mem_bound, cpus)
+                              "-", "process", "-", mem_bound, cpus)
     limit = min(cpus, mem_bound if mem_bound is not None else cpus)
     within = [m for m in ok if m.num_workers <= limit] or [min(ok, key=lambda m: m.num_workers)]
     # num_workers=0 loads in the training loop, adding its time to every step, while workers
@@ -331,17 +353,33 @@ def recommend(
             why += "; higher counts were not measured within the budget (raise --budget)"
     if per_worker:
         why += f"; each worker costs {gib(per_worker)} (USS)"
+    kind, kind_why = _worker_type(measured, pick)
     if pick.num_workers == 0:
         return Recommendation(0, None, why, "prefetch_factor applies only with workers",
-                              mem_bound, cpus)
+                              "process", "worker_type applies only with workers", mem_bound,
+                              cpus)
     cv = pick.batch_time_cv
     in_flight_4 = profile.batch_bytes * 4 * pick.num_workers
     if cv is not None and cv > HIGH_CV and (available is None or in_flight_4 < available // 4):
         return Recommendation(pick.num_workers, 4, why,
                               f"batch times vary a lot (cv {cv:.2f}): 4 batches per worker "
-                              "in flight absorb the slow ones", mem_bound, cpus)
+                              "in flight absorb the slow ones", kind, kind_why, mem_bound, cpus)
     shown = f"cv {cv:.2f}" if cv is not None else "cv unknown"
     return Recommendation(pick.num_workers, 2, why,
                           f"batch times are even enough ({shown}): torch's default of 2 per "
                           "worker keeps the workers busy; more only holds memory",
-                          mem_bound, cpus)
+                          kind, kind_why, mem_bound, cpus)
+
+
+def _worker_type(measured: Sequence[Measurement], pick: Measurement) -> tuple[str, str]:
+    """Threads or processes at ``pick``'s worker count, from the two measurements."""
+    threads = next((m for m in measured if m.loader == "steadyload-thread"
+                    and m.num_workers == pick.num_workers and m.samples_per_s), None)
+    if threads is None or not pick.samples_per_s:
+        return "process", "thread workers were not measured at that count"
+    ratio = (threads.samples_per_s or 0.0) / pick.samples_per_s
+    figures = (f"thread workers {threads.samples_per_s:,.0f} samples/s, process workers "
+               f"{pick.samples_per_s:,.0f} ({ratio:.2f}x)")
+    if ratio >= WITHIN_BEST:
+        return "thread", f"{figures}: threads are as fast or faster, and cost less"
+    return "process", f"{figures}: the work holds the GIL"

@@ -165,13 +165,14 @@ def render(result: BenchResult) -> Any:
         title=f"steadyload bench {result.dataset}: batch {result.batch_size}, "
         f"{result.cpus} usable CPUs, {fmt_s(profile.per_sample_s)} per sample in-process",
         caption=f"samples/s, start and memory are steadyload's (workers start with "
-        f"{result.start_method}); torch: torch's samples/s, with {result.torch_start_method} "
+        f"{result.start_method}); threads: steadyload's with worker_type='thread'; torch: "
+        "torch's samples/s, with {result.torch_start_method} "
         "(its default here); ratio: steadyload/torch. start: building the loader to its "
         "first batch (the first row with workers also starts the fork server, once per "
         "process). Memory per worker: USS (its own) / PSS (plus its share of shared pages).",
         caption_justify="left",
     )
-    for header in ("workers", "samples/s", "torch", "ratio", "start", "torch start",
+    for header in ("workers", "samples/s", "threads", "torch", "ratio", "start", "torch start",
                    "USS/worker", "PSS/worker"):
         table.add_column(header, justify="right")
 
@@ -181,11 +182,12 @@ def render(result: BenchResult) -> Any:
         return f"{m.samples_per_s:,.0f}" if m.samples_per_s else "failed (below)"
 
     for n in sorted(rows):
-        sl, tc = rows[n].get("steadyload"), rows[n].get("torch")
+        sl, tc, th = (rows[n].get(k) for k in ("steadyload", "torch", "steadyload-thread"))
         ratio = (f"{sl.samples_per_s / tc.samples_per_s:.2f}x"
                  if sl and tc and sl.samples_per_s and tc.samples_per_s else "-")
         style = "bold green" if n == result.recommendation.num_workers else None
-        table.add_row(str(n), rate(sl), rate(tc) if "torch" in rows[n] else "-", ratio,
+        table.add_row(str(n), rate(sl), rate(th) if "steadyload-thread" in rows[n] else "-",
+                      rate(tc) if "torch" in rows[n] else "-", ratio,
                       fmt_s(sl.start_s) if sl else "-", fmt_s(tc.start_s) if tc else "-",
                       gib(sl.worker_uss_bytes) if sl and sl.worker_uss_bytes else "-",
                       gib(sl.worker_pss_bytes) if sl and sl.worker_pss_bytes else "-",
@@ -195,6 +197,10 @@ def render(result: BenchResult) -> Any:
     pf = f", prefetch_factor={rec.prefetch_factor}" if rec.prefetch_factor else ""
     lines.append(f"Recommendation: num_workers={rec.num_workers}{pf}\n", style="bold")
     lines.append(f"  why: {rec.reason}\n  prefetch_factor: {rec.prefetch_reason}\n")
+    if rec.num_workers:
+        lines.append(f"  worker_type={rec.worker_type!r}: {rec.worker_type_reason}\n")
+    if result.worker_type_choice:
+        lines.append(f"  {result.worker_type_choice}\n")
     for m in result.measurements:
         if m.error:
             first = m.error.splitlines()[0]

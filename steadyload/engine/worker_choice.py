@@ -32,8 +32,9 @@ PARALLEL_CPUS = 1.3
 in parallel: threads that hold the GIL do at most one CPU's worth together."""
 WAITING_SHARE = 0.3
 """CPU share below which threads mostly wait (I/O): threads overlap the waits."""
-MIN_TASKS_PER_WORKER = 2  # batches measured per thread before deciding
-MIN_WALL_S = 0.02  # and at least this much loading time, summed over the threads
+MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding
+MIN_WALL_S = 0.2  # and this much loading time, summed over the threads: a pause of this
+# process (a busy machine, a garbage collection) must not decide it
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ import functools
 import itertools
 import logging
 import multiprocessing.context
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -173,6 +174,8 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         return list(self._views)
 
     def __del__(self) -> None:
+        if sys.is_finalizing():
+            return  # module globals are gone; process workers have their own finalizer
         if getattr(self, "_supervisor", None) is not None or getattr(self, "_attached", False):
             self._shutdown_workers()  # (__init__ may have failed half-way)
 

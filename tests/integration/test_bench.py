@@ -45,10 +45,17 @@ def test_bench_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert set(doc["recommendation"]) == RECOMMENDATION_KEYS
     measured = {(m["loader"], m["num_workers"]) for m in doc["measurements"]}
     skipped = {(m["loader"], m["num_workers"]) for m in doc["not_measured"]}
-    assert measured | skipped == {(k, n) for k in ("steadyload", "torch") for n in (0, 1)}
+    assert measured | skipped == {(k, n) for k in ("steadyload", "torch") for n in (0, 1)} | {
+        ("steadyload-thread", 1), ("steadyload-auto", 1)}
     with_workers = [m for m in doc["measurements"] if m["num_workers"] == 1]
-    assert with_workers and all(m["samples_per_s"] > 0 and m["worker_uss_bytes"] > 0
-                                for m in with_workers)
+    assert with_workers and all(m["samples_per_s"] > 0 for m in with_workers)
+    assert all(m["worker_uss_bytes"] > 0 for m in with_workers
+               if m["loader"] in ("steadyload", "torch"))
+    threads = [m for m in with_workers if m["loader"] == "steadyload-thread"]
+    assert not threads or threads[0]["worker_uss_bytes"] is None  # no memory of their own
+    if ("steadyload-auto", 1) in measured:  # the auto row says what it chose, with figures
+        assert doc["worker_type_choice"].startswith("worker_type='auto' chose ")
+    assert doc["recommendation"]["worker_type"] in ("process", "thread")
     assert doc["per_sample_s"] > 0.0005  # bench_small spins ~1 ms per sample
     assert doc["recommendation"]["num_workers"] == 1  # 1 ms samples: never in-process
     data = png.read_bytes()
@@ -62,6 +69,7 @@ def test_bench_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     assert "steadyload bench tests.datasets:bench_trivial: batch 32" in out
     assert "Recommendation: num_workers=" in out and "why: " in out
+    assert "threads" in out  # the thread workers' column
 
 
 def test_bench_budget_too_small_measures_nothing(capsys: pytest.CaptureFixture[str]) -> None:

@@ -274,8 +274,8 @@ def _warm_fork_server() -> None:
 
 
 def test_auto_keeps_threads_where_they_overlap() -> None:
-    loader = sl.DataLoader(Waits(64), batch_size=4, num_workers=2, worker_type="auto")
-    want = [b.tolist() for b in torch.utils.data.DataLoader(Waits(64), batch_size=4)]
+    loader = sl.DataLoader(Waits(160), batch_size=4, num_workers=2, worker_type="auto")
+    want = [b.tolist() for b in torch.utils.data.DataLoader(Waits(160), batch_size=4)]
     assert [b.tolist() for b in loader] == want
     report = loader.report()
     assert report.start_method == "thread"

@@ -21,15 +21,16 @@ from tests.datasets import MapDS
 
 MEASUREMENT_KEYS = {
     "loader", "num_workers", "samples_per_s", "start_s", "worker_uss_bytes",
-    "worker_pss_bytes", "batches", "measured_s", "batch_time_cv", "error",
+    "worker_pss_bytes", "batches", "measured_s", "batch_time_cv", "error", "worker_type_choice",
 }
 RECOMMENDATION_KEYS = {
-    "num_workers", "prefetch_factor", "reason", "prefetch_reason", "memory_bound", "cpu_bound",
+    "num_workers", "prefetch_factor", "reason", "prefetch_reason", "worker_type",
+    "worker_type_reason", "memory_bound", "cpu_bound",
 }
 TOP_KEYS = {
     "version", "dataset", "batch_size", "cpus", "available_memory_bytes", "start_method",
     "torch_start_method", "budget_s", "elapsed_s", "per_sample_s", "collate_s",
-    "measurements", "not_measured", "recommendation",
+    "measurements", "not_measured", "recommendation", "worker_type_choice",
 }
 
 
