@@ -1,4 +1,5 @@
-"""A thread worker's loop: torch's worker loop in a thread of this process.
+"""A thread worker's side: its loop (torch's worker loop in a thread of this process), its
+record (`WorkerThread`) and the queue its outcomes go to (`Outbox`).
 
 The counterpart of worker.py (a worker process's loop), for `threads.ThreadSupervisor`:
 the same fetcher, the same outcomes, queued as objects instead of sent (no pickling, no
@@ -26,7 +27,7 @@ from .events import Died, GlobalRngDrawn, Received
 from .fetch import ITERABLE, AllSkipped, Fetcher
 from .protocol import Done, Empty, Exhausted, Ready, Reset, Restore, Stop, Task
 from .status import IDLE, LOADING, POSITION, SENDING, STAGE, STARTED_NS, TASK, Progress
-from .worker import _failure
+from .worker import failed_outcome
 from .worker_info import drawn, global_rngs, make_info, set_thread_info
 
 
@@ -45,6 +46,7 @@ class WorkerThread:
         self.measured = (0, 0.0, 0.0)  # tasks, wall s, CPU s of this thread (one tuple: read whole)
 
     def progress(self) -> Progress:
+        """What the thread is doing now (status.py's fields)."""
         f = self.fields
         return Progress(int(f[TASK]), int(f[POSITION]), int(f[STAGE]), int(f[STARTED_NS]), 0)
 
@@ -85,6 +87,7 @@ class Outbox:
             pass
 
     def close(self) -> None:
+        """Close the socket pair (a later `put` still queues; its byte is dropped)."""
         self._r.close()
         self._w.close()
 
@@ -161,7 +164,7 @@ def _thread_loop(
             error, where = init_error or (
                 RuntimeError("steadyload internal error: a task came before the fetcher"), "",
             )
-            put(_failure(msg.task_id, error, where))
+            put(failed_outcome(msg.task_id, error, where))
             continue
         if ended:
             put(Exhausted(msg.task_id))
@@ -197,16 +200,16 @@ def _run_task(
         if cfg.dataset_kind == ITERABLE:
             put(Exhausted(task.task_id, tuple(fetcher.skipped)))
             return True
-        put(_failure(task.task_id, exc, fetcher.where))
+        put(failed_outcome(task.task_id, exc, fetcher.where))
         return False
     except Exception as exc:
-        put(_failure(task.task_id, exc, fetcher.where))
+        put(failed_outcome(task.task_id, exc, fetcher.where))
         return False
     fields[STAGE] = SENDING
     try:
         state = pickle.dumps(dataset.state_dict()) if cfg.stateful_stream else None
     except Exception as exc:  # user code: reported like the dataset's own errors
-        put(_failure(task.task_id, exc, "while saving the stream's position (state_dict())"))
+        put(failed_outcome(task.task_id, exc, "while saving the stream's position (state_dict())"))
         return False
     done = Done(
         task_id=task.task_id, payload=b"", segments=(), skipped=tuple(fetcher.skipped),

@@ -121,7 +121,9 @@ def _seed(base_seed: int, worker_id: int) -> int:
     return seed
 
 
-def _failure(task_id: int, exc: BaseException, where: str) -> Failed:
+def failed_outcome(task_id: int, exc: BaseException, where: str) -> Failed:
+    """The `Failed` message for ``exc``: pickled if it survives pickling, else its words.
+    Shared with thread workers (thread_worker.py), so both report errors alike."""
     type_name, text = describe_exception(exc)
     data: bytes | None
     try:
@@ -300,7 +302,7 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
                     RuntimeError("steadyload internal error: a task came before the fetcher"),
                     "",
                 )
-                channel.send(sock, _failure(msg.task_id, error, where))
+                channel.send(sock, failed_outcome(msg.task_id, error, where))
                 continue
             if iteration_end:
                 channel.send(sock, Exhausted(msg.task_id))
@@ -343,11 +345,11 @@ def _run_task(
         if kind == ITERABLE:
             channel.send(sock, Exhausted(task.task_id, tuple(fetcher.skipped)))
             return True
-        channel.send(sock, _failure(task.task_id, exc, fetcher.where))
+        channel.send(sock, failed_outcome(task.task_id, exc, fetcher.where))
         return False
     except Exception as exc:
         arena.end_task(sent=False)
-        channel.send(sock, _failure(task.task_id, exc, fetcher.where))
+        channel.send(sock, failed_outcome(task.task_id, exc, fetcher.where))
         return False
     status.fields[STAGE] = SENDING
     try:
@@ -355,7 +357,7 @@ def _run_task(
     except Exception as exc:
         arena.end_task(sent=False)
         where = "while sending the batch to the main process"
-        channel.send(sock, _failure(task.task_id, exc, where))
+        channel.send(sock, failed_outcome(task.task_id, exc, where))
         return False
     del data
     try:
@@ -363,7 +365,7 @@ def _run_task(
     except Exception as exc:  # user code: reported like the dataset's own errors
         arena.end_task(sent=False)
         where = "while saving the stream's position (state_dict())"
-        channel.send(sock, _failure(task.task_id, exc, where))
+        channel.send(sock, failed_outcome(task.task_id, exc, where))
         return False
     used, new, retired = arena.end_task(sent=True)
     fds = announce(new)
