@@ -14,7 +14,7 @@ Workloads (2 workers everywhere):
 Loaders: torch (fork, forkserver), steadyload (process, thread, auto), torchdata.nodes
 (thread, process ParallelMapper), SPDL (thread pipeline), Grain (DataLoader processes,
 IterDataset threads). Every run is a fresh process: time to the first batch (loader built
-to batch in hand; the imports are done before), samples/s from the first batch to the last,
+to batch in hand; the imports and one garbage collection are done before), samples/s,
 peak PSS of the process tree (sampled every 20 ms), and a checksum of every batch, compared
 with torch's in-process batches ("same" column). samples/s is the steady state: over the
 second half of the batches (start-up, warm-up and steadyload's hand-over from threads to
@@ -25,6 +25,7 @@ are interleaved: rep 1 of every loader, then rep 2, ...; medians are shown.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -294,6 +295,10 @@ def child(workload: str, kind: str, batches: int) -> dict[str, Any]:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     _import_for(kind)  # imports are not the loader's start-up
+    # Nor is the garbage collector's first full pass over what importing torch left (about
+    # 100 ms here): it falls in whichever loader allocates in this process first (thread
+    # workers do), and every process pays it once either way.
+    gc.collect()
     t0 = time.perf_counter()
     loader, it = make_loader(kind, ds, size)
     first = next(it)

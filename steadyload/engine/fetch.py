@@ -14,6 +14,7 @@ from typing import Any
 from .._seeding import StreamItem
 from ..describe import describe_exception, format_indices
 from ..report import SkippedSample
+from .config import WorkerConfig
 from .status import COLLATING, POSITION, STAGE
 
 MAP = 0
@@ -183,3 +184,27 @@ class Fetcher:
         self._stage = "collate-stream"
         self.count = len(data) if self._auto_collation else 1
         return self._collate_fn(data)
+
+
+def start_fetching(
+    cfg: WorkerConfig, dataset: Any, worker_id: int, fields: Any, seeder: Any,
+) -> tuple[Callable[[], Fetcher], Fetcher | None, tuple[BaseException, str] | None]:
+    """A worker's start (process or thread): run ``worker_init_fn``, then make the first
+    fetcher. Returns the fetcher factory (a new epoch, a restored stream), the fetcher, and
+    what failed and where: kept, to be reported with every task, as torch does for the
+    first one (nothing can load)."""
+
+    def new_fetcher() -> Fetcher:
+        return Fetcher(
+            cfg.dataset_kind, dataset, cfg.auto_collation, cfg.collate_fn, cfg.drop_last,
+            skip_errors=cfg.skip_errors, fields=fields, seeder=seeder,
+        )
+
+    stage = "in worker_init_fn"
+    try:
+        if cfg.worker_init_fn is not None:
+            cfg.worker_init_fn(worker_id)
+        stage = "in iter(dataset)"
+        return new_fetcher, new_fetcher(), None
+    except Exception as exc:
+        return new_fetcher, None, (exc, stage)

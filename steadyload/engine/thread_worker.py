@@ -24,7 +24,7 @@ from .._seeding import SampleSeeder
 from ..per_worker import enter_thread_worker
 from .config import WorkerConfig
 from .events import Died, GlobalRngDrawn, Received
-from .fetch import ITERABLE, AllSkipped, Fetcher
+from .fetch import ITERABLE, AllSkipped, Fetcher, start_fetching
 from .protocol import Done, Empty, Exhausted, Ready, Reset, Restore, Stop, Task
 from .status import IDLE, LOADING, POSITION, SENDING, STAGE, STARTED_NS, TASK, Progress
 from .worker import failed_outcome
@@ -127,22 +127,7 @@ def _thread_loop(
         if cfg.sample_seeds else None
     )
 
-    def new_fetcher() -> Fetcher:
-        return Fetcher(
-            cfg.dataset_kind, dataset, cfg.auto_collation, cfg.collate_fn, cfg.drop_last,
-            skip_errors=cfg.skip_errors, fields=w.fields, seeder=seeder,
-        )
-
-    init_error: tuple[BaseException, str] | None = None
-    fetcher: Fetcher | None = None
-    stage = "in worker_init_fn"
-    try:
-        if cfg.worker_init_fn is not None:
-            cfg.worker_init_fn(worker_id)
-        stage = "in iter(dataset)"
-        fetcher = new_fetcher()
-    except Exception as exc:
-        init_error = (exc, stage)
+    new_fetcher, fetcher, init_error = start_fetching(cfg, dataset, worker_id, w.fields, seeder)
     put(Ready(pid=os.getpid(), preload_missing=None))
     ended, first = False, True
     while not w.abandoned:

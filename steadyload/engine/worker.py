@@ -37,7 +37,7 @@ from ..describe import describe_exception, format_traceback
 from ..memory import descriptors
 from . import channel
 from .config import Deferred, WorkerConfig
-from .fetch import ITERABLE, AllSkipped, Fetcher
+from .fetch import ITERABLE, AllSkipped, Fetcher, start_fetching
 from .protocol import (
     Done,
     Empty,
@@ -251,23 +251,9 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
 
     seeder = SampleSeeder(cfg.base_seed, worker_id, own=info) if cfg.sample_seeds else None
 
-    def new_fetcher() -> Fetcher:
-        return Fetcher(
-            cfg.dataset_kind, cfg.dataset, cfg.auto_collation, cfg.collate_fn, cfg.drop_last,
-            skip_errors=cfg.skip_errors, fields=status.fields, seeder=seeder,
-        )
-
-    init_error: tuple[BaseException, str] | None = None
-    fetcher: Fetcher | None = None
-    stage = "in worker_init_fn"
-    try:
-        if cfg.worker_init_fn is not None:
-            cfg.worker_init_fn(worker_id)
-        stage = "in iter(dataset)"
-        fetcher = new_fetcher()
-    except Exception as exc:
-        # Reported with every task, as torch does for the first one: nothing can load.
-        init_error = (exc, stage)
+    new_fetcher, fetcher, init_error = start_fetching(
+        cfg, cfg.dataset, worker_id, status.fields, seeder
+    )
     _LOG.debug("worker %d started (seed %d)", worker_id, seed)
     # Keep later collections off the objects made so far (the dataset; under fork, the
     # parent's whole heap): a full collection writes to every object it traverses and

@@ -65,8 +65,7 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         options: LoaderOptions,
         start: tuple[multiprocessing.context.BaseContext | None, StartInfo],
         checkpoints: Checkpoints,
-        processes: Callable[[], tuple[multiprocessing.context.BaseContext, StartInfo]]
-        | None = None,
+        processes: Callable[[], tuple[Any, StartInfo]] | None = None,
     ) -> None:
         super().__init__(loader)
         self._prefetch_factor: int = loader.prefetch_factor or 2
@@ -174,8 +173,8 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         return list(self._views)
 
     def __del__(self) -> None:
-        if sys.is_finalizing():
-            return  # module globals are gone; process workers have their own finalizer
+        if sys.is_finalizing():  # globals are gone; process workers have their own finalizer
+            return
         if getattr(self, "_supervisor", None) is not None or getattr(self, "_attached", False):
             self._shutdown_workers()  # (__init__ may have failed half-way)
 

@@ -203,17 +203,19 @@ def test_bench_splits_the_budget_and_lists_what_did_not_fit(
 
     monkeypatch.setattr(_bench_run, "measure", fake_measure)
     steps: list[tuple[str, int, int]] = []
-    result = _bench_run.bench(MapDS(64), budget_s=10, worker_counts=[0, 1, 2, 3],
+    result = _bench_run.bench(MapDS(64), budget_s=20, worker_counts=[0, 1, 2, 3],
                           compare_torch=False, on_step=lambda *a: steps.append(a),
                           clock=lambda: now[0])
-    # slots: 10/4, 6/3, 2/2, then -2 s left: the last configuration does not start
-    assert windows == pytest.approx([2.5 * 0.8, 2.0 * 0.5, 1.0 * 0.5])
-    assert result.not_measured == (("steadyload", 3),)
-    assert [s[1:] for s in steps] == [(0, 5), (1, 5), (2, 5), (3, 5), (5, 5)]
+    # 8 configurations: processes at 0..3, threads at 1..3, auto at 3. Slots: 20/8, 16/7,
+    # 12/6, 8/5, 4/4, then nothing left: the last three do not start.
+    assert windows == pytest.approx([2.5 * 0.8, 16 / 7 * 0.5, 2.0 * 0.5, 1.6 * 0.5, 0.5])
+    assert result.not_measured == (
+        ("steadyload", 3), ("steadyload-thread", 3), ("steadyload-auto", 3))
+    assert [s[1:] for s in steps] == [(k, 9) for k in range(6)] + [(9, 9)]
     doc = result.to_json()
     assert set(doc) == TOP_KEYS and doc["version"] == 1
     assert all(set(m) == MEASUREMENT_KEYS for m in doc["measurements"])
-    assert doc["not_measured"] == [{"loader": "steadyload", "num_workers": 3}]
+    assert doc["not_measured"][0] == {"loader": "steadyload", "num_workers": 3}
     assert set(doc["recommendation"]) == RECOMMENDATION_KEYS
 
 
