@@ -46,6 +46,7 @@ else:
     _setup_path(None)
 
 import torch  # noqa: E402
+from bench_datasets import Trivial  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
 
@@ -61,19 +62,6 @@ class LabelledImages(Dataset[Any]):
 
     def __getitem__(self, i: int) -> Any:
         return self.image, i
-
-
-class Tiny(Dataset[Any]):
-    """16 floats and an int (bench_datasets.Trivial)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        return torch.full((16,), float(i)), i
 
 
 class ManySmall(Dataset[Any]):
@@ -212,7 +200,7 @@ def main() -> None:
     scale = 0.25 if args.quick else 1.0
     cases = {
         "images": (lambda: LabelledImages(int(3200 * scale)), 32),
-        "tiny": (lambda: Tiny(int(40_000 * scale)), 64),
+        "tiny": (lambda: Trivial(int(40_000 * scale)), 64),
         "many_small": (lambda: ManySmall(int(8_000 * scale)), 32),
     }
     for rep in range(args.reps):

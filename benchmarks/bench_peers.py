@@ -81,6 +81,7 @@ if __name__ == "__main__" and "--child" not in sys.argv and not _in_peers_env():
 # -- datasets (module level: picklable by reference for process workers) -----------------
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from bench_datasets import Trivial  # noqa: E402  (the script's folder is on the path)
 from torch.utils.data import Dataset  # noqa: E402
 from torch.utils.data._utils.collate import default_collate  # noqa: E402
 
@@ -121,17 +122,6 @@ class PythonWork(Dataset[Any]):
 
     def __getitem__(self, i: int) -> Any:
         return torch.tensor([_spin(self.iterations, i), i], dtype=torch.int64)
-
-
-class Tiny(Dataset[Any]):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        return torch.full((16,), float(i)), i
 
 
 class Big(Dataset[Any]):
@@ -195,7 +185,7 @@ def dataset(workload: str, batches: int) -> Any:
     if workload == "python":
         return PythonWork(n, 12_000)
     if workload == "tiny":
-        return Tiny(n)
+        return Trivial(n)
     return Big(n)
 
 

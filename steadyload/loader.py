@@ -23,7 +23,7 @@ from .iterators.workers import WorkerIterator
 from .options import OPTION_NAMES, LoaderOptions, options_of
 from .rebuild_watch import caller_frame, note_read
 from .report import LoaderReport, RunRecord
-from .start.context import THREAD, StartInfo, resolve_context
+from .start.context import THREAD, THREAD_START, StartInfo, resolve_context
 from .tuning import AutoChoice, resolve_num_workers
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -288,9 +288,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             if self._worker_choice is None:
                 self._worker_choice = static_choice(self, self._options.max_worker_memory_bytes)
             if self._worker_choice is None:  # measured on the first batches
-                return (None, StartInfo(THREAD, ())), self._start_context
+                return THREAD_START, self._start_context
             kind = self._worker_choice.kind
-        return ((None, StartInfo(THREAD, ())) if kind == THREAD else self._start_context()), None
+        return (THREAD_START if kind == THREAD else self._start_context()), None
 
     def _start_context(self) -> tuple[multiprocessing.context.BaseContext, StartInfo]:
         """The workers' context and how it was chosen (decided once per loader)."""

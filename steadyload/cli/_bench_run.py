@@ -284,9 +284,10 @@ def _worker_memory(kind: str, loader: Any, it: Any) -> tuple[int | None, int | N
     import psutil
 
     if kind.startswith("steadyload"):
-        if loader.report().start_method == "thread":
+        report = loader.report()
+        if report.start_method == "thread":
             return None, None  # threads have no memory of their own
-        pids = [w.pid for w in loader.report().workers if w.pid]
+        pids = [w.pid for w in report.workers if w.pid]
     else:
         pids = [w.pid for w in getattr(it, "_workers", [])]
     uss, pss = [], []

@@ -145,12 +145,10 @@ def _thread_loop(
                     init_error = (exc, "in iter(dataset)")
             continue
         assert isinstance(msg, Task)
-        if init_error is not None or fetcher is None:
-            error, where = init_error or (
-                RuntimeError("steadyload internal error: a task came before the fetcher"), "",
-            )
-            put(failed_outcome(msg.task_id, error, where))
+        if init_error is not None:
+            put(failed_outcome(msg.task_id, *init_error))
             continue
+        assert fetcher is not None  # start_fetching: a fetcher unless an error
         if ended:
             put(Exhausted(msg.task_id))
             continue

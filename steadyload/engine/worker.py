@@ -283,13 +283,10 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
                 continue
             assert isinstance(msg, Task)
             arena.release(msg.freed)
-            if init_error is not None or fetcher is None:
-                error, where = init_error or (
-                    RuntimeError("steadyload internal error: a task came before the fetcher"),
-                    "",
-                )
-                channel.send(sock, failed_outcome(msg.task_id, error, where))
+            if init_error is not None:
+                channel.send(sock, failed_outcome(msg.task_id, *init_error))
                 continue
+            assert fetcher is not None  # start_fetching: a fetcher unless an error
             if iteration_end:
                 channel.send(sock, Exhausted(msg.task_id))
                 continue

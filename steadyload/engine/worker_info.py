@@ -118,14 +118,16 @@ def global_rngs(dataset_type: type) -> tuple[Any, ...] | None:
     """
     if dataset_type in _warned:
         return None
+    return _states()
+
+
+def _states() -> tuple[Any, ...]:
     return torch.random.default_generator.get_state(), random.getstate(), np.random.get_state()
 
 
 def drawn(before: tuple[Any, ...]) -> bool:
     """Whether the process-wide generators moved since ``before`` (`global_rngs`)."""
-    after: tuple[Any, ...] = (
-        torch.random.default_generator.get_state(), random.getstate(), np.random.get_state()
-    )
+    after = _states()
     return not (
         torch.equal(before[0], after[0]) and before[1] == after[1]
         and np.array_equal(before[2][1], after[2][1])

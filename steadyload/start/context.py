@@ -41,6 +41,10 @@ class StartInfo:
 THREAD = "thread"  # StartInfo.method of thread workers (worker_type="thread"): nothing starts
 
 
+THREAD_START: tuple[None, StartInfo] = (None, StartInfo(THREAD, ()))
+"""How thread workers "start": no context, nothing preloaded."""
+
+
 def default_method() -> str:
     """forkserver where the platform has it (Linux), else spawn; never fork by default."""
     methods = multiprocessing.get_all_start_methods()
