@@ -99,8 +99,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         worker_type: "process" (default), "thread" or "auto". Threads share this process:
             no start-up, no transport, one copy of the dataset, nothing forked; they run in
             parallel only where the work releases the GIL (decoding, numpy, tokenizers in
-            Rust, big tensor copies) or on free-threaded Python. "auto" loads a few batches
-            with one and with two threads and picks threads when they ran in parallel
+            Rust, big tensor copies) or on free-threaded Python. "auto" starts on threads,
+            measures how busy they keep the GIL, and hands over to processes if it is
             (`report()` gives the figures). See the README's "Thread workers".
 
     Raises:

@@ -36,7 +36,7 @@ from .protocol import Empty, Exhausted, Failed
 from .status import Progress
 from .supervisor import Supervisor
 from .threads import ThreadSupervisor
-from .worker_choice import WorkerChoice, chose, live_choice
+from .worker_choice import GilProbe, WorkerChoice, chose, live_choice
 
 _LOG = logging.getLogger(__name__)
 _OUTCOMES = (Received, Failed, Empty, Exhausted)
@@ -83,14 +83,16 @@ class HandoverPool:
         self._held = [0] * num_workers  # tasks each thread holds
         self._thread_died: set[int] = set()  # ids whose latest death was their thread's
         self._choice: WorkerChoice | None = None
+        self._probe = GilProbe()  # until the choice is made
         self._announce: list[tuple[int, object]] = []  # WorkersChosen, for the next wait
         self.views = _LiveViews(self)
         self.running = False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the thread workers."""
+        """Start the thread workers, and the probe that watches the GIL while they load."""
         self._threads.start()
+        self._probe.start()
         self.running = True
 
     def respawn(self, worker_id: int) -> None:
@@ -109,6 +111,7 @@ class HandoverPool:
         """Stop both pools. A process start still under way is not waited for (the fork
         server may be importing torch): the helper stops those workers itself."""
         self.running = False
+        self._probe.stop()
         self._threads.shutdown()
         with self._lock:
             self._closing = True
@@ -136,14 +139,20 @@ class HandoverPool:
     def _decide(self, draws_globally: bool = False) -> None:
         if self._choice is not None:
             return
+        measured, probe = self._threads.measured(), self._probe
+        # Counted from when the threads have run as many tasks past their first (the
+        # set-up: imports, caches) as there are threads.
+        probe.counting = probe.counting or measured[0] >= self._num_workers
         choice = (
             chose("process", "the dataset draws from the process-wide random generators, "
                              "which thread workers share")
-            if draws_globally else live_choice(self._threads.measured(), self._num_workers)
+            if draws_globally
+            else live_choice(measured, self._num_workers, (probe.probes, probe.waited_s))
         )  # fmt: skip
         if choice is None:
             return
         self._choice = choice
+        probe.stop()
         # Said now: the next iterator starts on the chosen kind even if this one ends first.
         self._announce.append((CHOSEN, WorkersChosen(choice.kind, choice.reason, None, ())))
         if choice.kind == "thread":

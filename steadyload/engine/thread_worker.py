@@ -43,7 +43,7 @@ class WorkerThread:
         self.fields[TASK] = -1
         self.abandoned = False
         self.thread: threading.Thread | None = None
-        self.measured = (0, 0.0, 0.0)  # tasks, wall s, CPU s of this thread (one tuple: read whole)
+        self.measured = (0, 0.0)  # tasks, wall s of this thread (one tuple: read whole)
 
     def progress(self) -> Progress:
         """What the thread is doing now (status.py's fields)."""
@@ -157,11 +157,10 @@ def _thread_loop(
         w.fields[TASK], w.fields[POSITION] = msg.task_id, -1
         w.fields[STARTED_NS], w.fields[STAGE] = time.monotonic_ns(), LOADING
         before = global_rngs(type(dataset)) if first else None
-        began, cpu0 = time.perf_counter(), time.thread_time()
+        began = time.perf_counter()
         ended = _run_task(msg, fetcher, cfg, dataset, w.fields, put)
         if not first:  # the first pays for lazy set-up (imports, caches): not measured
-            w.measured = (w.measured[0] + 1, w.measured[1] + time.perf_counter() - began,
-                          w.measured[2] + time.thread_time() - cpu0)  # fmt: skip
+            w.measured = (w.measured[0] + 1, w.measured[1] + time.perf_counter() - began)
         first = False
         if before is not None and drawn(before):
             put(GlobalRngDrawn(type(dataset)))

@@ -1,0 +1,63 @@
+"""worker_choice.py: the GIL probe against real threads, and the rule that reads it."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pytest
+
+from steadyload.engine import worker_choice
+from steadyload.engine.worker_choice import GilProbe, live_choice
+
+
+def _probe_while(work: object, seconds: float = 0.3) -> float:
+    """The probe's mean delay (s) while two threads run ``work`` for ``seconds``."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            work()  # type: ignore[operator]
+
+    threads = [threading.Thread(target=loop, daemon=True) for _ in range(2)]
+    probe = GilProbe()
+    probe.start()
+    probe.counting = True
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    probe.stop()
+    for t in threads:
+        t.join(timeout=5)
+    assert not probe._thread.is_alive() and not any(t.is_alive() for t in threads)
+    assert probe.probes >= 20, probe.probes
+    return probe.waited_s / probe.probes
+
+
+def _python_loop() -> None:
+    total = 0
+    for k in range(200_000):  # some 10 ms in one stretch with the GIL held
+        total += k
+
+
+@pytest.mark.timeout(60)
+def test_the_probe_tells_a_busy_gil_from_a_free_one() -> None:
+    interval = sys.getswitchinterval()
+    free = _probe_while(lambda: time.sleep(0.002))  # releases the GIL, as I/O or decode do
+    busy = _probe_while(_python_loop)
+    assert free < worker_choice.BUSY_SHARE * interval <= busy, (free, busy)
+
+
+def test_the_rule_waits_for_enough_batches_probes_and_time() -> None:
+    interval = sys.getswitchinterval()
+    assert live_choice((5, 1.0), 2, (100, 0.0)) is None  # 3 batches per thread first
+    assert live_choice((6, 0.1), 2, (100, 0.0)) is None  # nor a blink of loading
+    assert live_choice((6, 1.0), 2, (10, 0.0)) is None  # nor a handful of probes
+    busy = live_choice((6, 1.0), 2, (100, 100 * 0.5 * interval))
+    free = live_choice((6, 1.0), 2, (100, 100 * 0.02 * interval))
+    assert busy is not None and busy.kind == "process"
+    assert "waited 2.50 ms for it on average (50% of the 5 ms switch interval" in busy.reason
+    assert free is not None and free.kind == "thread"
+    assert "the GIL was mostly free, so threads load in parallel" in free.reason
