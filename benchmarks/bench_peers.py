@@ -15,7 +15,7 @@ Loaders: torch (fork, forkserver), steadyload (process, thread, auto), torchdata
 (thread, process ParallelMapper), SPDL (thread pipeline), Grain (DataLoader processes,
 IterDataset threads). Every run is a fresh process: time to the first batch (loader built
 to batch in hand; the imports and one garbage collection are done before), samples/s,
-peak PSS of the process tree (sampled every 20 ms), and a checksum of every batch, compared
+peak PSS of the process tree (sampled every 100 ms), and a checksum of every batch, compared
 with torch's in-process batches ("same" column). samples/s is the steady state: over the
 second half of the batches (start-up, warm-up and steadyload's hand-over from threads to
 processes fall in the first half; the first-batch column shows the start). Repetitions
@@ -279,7 +279,7 @@ def child(workload: str, kind: str, batches: int) -> dict[str, Any]:
     stop = threading.Event()
 
     def sample() -> None:
-        while not stop.wait(0.02):
+        while not stop.wait(0.1):  # its page-table walks cost loaders up to a third at 20 ms
             peak[0] = max(peak[0], _tree_pss())
 
     sampler = threading.Thread(target=sample, daemon=True)

@@ -23,6 +23,28 @@ def start_refused(*, worker_id: int, method: str, exc: BaseException) -> WorkerS
     )
 
 
+def start_stalled(
+    *, worker_id: int, server_pid: int | None, why: str, stopped: bool
+) -> WorkerStartError:
+    """The error for a worker start the fork server (or zygote) did not answer."""
+    pid = server_pid if server_pid is not None else "PID"
+    fix = (
+        f"resume it (`kill -CONT {pid}`) or end it (`kill {pid}`: the next loader starts a "
+        "new one)"
+        if stopped else
+        f"see what it is doing (`py-spy dump --pid {pid}`); slow preloads (your dataset's "
+        "module and its imports) can be moved before the loader with steadyload.prestart()"
+    )  # fmt: skip
+    return WorkerStartError(
+        f"DataLoader worker {worker_id} could not start: {why}.\n"
+        "Why: workers are forked by that server; while it does not answer, no worker can "
+        "start, and the loader would wait forever.\n"
+        f"Fix: {fix}; if it happens again, use start_method='spawn'.",
+        worker_id=worker_id,
+        pid=None,
+    )
+
+
 def fd_limit_fix() -> str:
     """The one advice for running out of file descriptors, with this process's limits."""
     soft, hard = fd_limits()

@@ -28,6 +28,7 @@ from typing import Any
 from .. import limits
 from ..pickling import unimportable_main_hidden
 from ..start import servers
+from ..start.launch import StartStalled
 from ..start.servers import ServerRef
 from . import channel
 from .config import Deferred, WorkerConfig
@@ -160,6 +161,11 @@ class Supervisor:
             if event is not None:
                 raise ServerGone(event) from exc
             raise limits.start_refused(worker_id=worker_id, method=self._method, exc=exc) from exc
+        except StartStalled as exc:
+            sock.close()
+            status.close()
+            raise limits.start_stalled(worker_id=worker_id, why=str(exc), server_pid=exc.pid,
+                                       stopped=exc.stopped) from exc
         except BaseException:
             sock.close()
             status.close()

@@ -28,7 +28,7 @@ from .fetch import ITERABLE, AllSkipped, Fetcher, start_fetching
 from .protocol import Done, Empty, Exhausted, Ready, Reset, Restore, Stop, Task
 from .status import IDLE, LOADING, POSITION, SENDING, STAGE, STARTED_NS, TASK, Progress
 from .worker import failed_outcome
-from .worker_info import drawn, global_rngs, make_info, set_thread_info
+from .worker_info import drawn, global_rngs, make_info, set_thread_info, single_threaded_ops
 
 
 class WorkerThread:
@@ -44,6 +44,7 @@ class WorkerThread:
         self.abandoned = False
         self.thread: threading.Thread | None = None
         self.measured = (0, 0.0)  # tasks, wall s of this thread (one tuple: read whole)
+        self.ops_set = threading.Event()  # its torch ops are single-threaded (the spawner waits)
 
     def progress(self) -> Progress:
         """What the thread is doing now (status.py's fields)."""
@@ -105,6 +106,10 @@ def thread_main(
         events.put((worker_id, generation, event))
 
     try:
+        try:
+            single_threaded_ops()
+        finally:
+            w.ops_set.set()
         _thread_loop(cfg, dataset, w, put)
     except BaseException:
         put(Died(exitcode=None, pid=os.getpid(), progress=w.progress(),

@@ -36,6 +36,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from .config import WorkerConfig
 from .events import Died
 from .fetch import ITERABLE
@@ -43,7 +45,7 @@ from .interrupts import interrupts_allowed
 from .protocol import Reset, Restore, Stop, Task
 from .status import Progress
 from .thread_worker import Outbox, WorkerThread, thread_main
-from .worker_info import install_per_thread
+from .worker_info import install_per_thread, restore_default
 
 _JOIN_S = 2.0  # how long shutdown waits for a thread that is inside a dataset call
 
@@ -116,7 +118,10 @@ class ThreadSupervisor:
         )  # fmt: skip
         self._workers[worker_id] = w
         self.views[worker_id] = ThreadView(worker_id, w.thread)
+        threads_here = torch.get_num_threads()
         w.thread.start()
+        w.ops_set.wait(timeout=_JOIN_S)  # microseconds: the thread's first statement
+        restore_default(threads_here)
 
     def shutdown(self) -> None:
         """Ask every thread to stop and wait a little for each; one inside a long dataset

@@ -17,8 +17,8 @@ one copy of the dataset) for the same speed.
 Why not their CPU share (CPU time over wall time, times the threads), tried first: it reads
 a machine busy with other processes, or memory-bound copies, as waiting, and GIL-holding
 Python measured 0.82-1.37 CPUs' worth across runs here, overlapping JPEG decode (1.25-1.49).
-The probe's delays stay apart (bench_peers workloads on this machine: JPEG decode 0.18 ms,
-19 MB batches 0.15 ms, tiny samples 0.19 ms, pure Python 2.6 ms).
+The probe's delays stay apart (bench_peers workloads on this machine: JPEG decode, 19 MB
+batches and tiny samples 0.15-0.65 ms, pure Python 2.6-11 ms).
 
 Some loaders are never started on threads: a stream (its position lives in the replica
 that reads it, which cannot move to a process), a ``worker_init_fn`` (it would run in this
@@ -38,7 +38,7 @@ _LOG = logging.getLogger(__name__)
 
 BUSY_SHARE = 0.2
 """The probe's mean delay, as a share of the switch interval, from which the GIL is busy
-(measured here: GIL-free work 3-4%, pure Python 50%)."""
+(measured here: GIL-free work 3-13%, pure Python 50-221%)."""
 PROBE_SLEEP_S = 0.001
 MIN_PROBES = 30
 MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding

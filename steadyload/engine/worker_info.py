@@ -96,6 +96,40 @@ def _install_plain_storage() -> None:
     torch.UntypedStorage._new_shared = classmethod(_new_shared)  # type: ignore[assignment,method-assign]  # deliberate, once (see install_per_thread)
 
 
+def single_threaded_ops() -> None:
+    """Run torch's ops in the calling thread worker on that thread alone, as torch's process
+    workers do (`torch.set_num_threads(1)` in each; torchdata's thread workers too).
+
+    Each thread worker's parallel op (a fill, a copy, ``torch.stack(out=)`` in
+    default_collate) otherwise brings its own team of intra-op threads: on 2 cores, 2
+    workers made 5 busy threads, and 2-3 times the context switches of a single-threaded
+    worker. Under OpenMP the count is per thread (the training thread keeps its own); the
+    caller restores the process-wide default for threads made later (`restore_default`).
+    Under torch's native pool the count is process-wide: left alone there.
+    """
+    if _openmp():
+        # First torch's lazy per-thread set-up, which would later copy the process-wide
+        # count (restored by then) over this thread's.
+        torch.get_num_threads()
+        torch.set_num_threads(1)
+
+
+def restore_default(threads: int) -> None:
+    """Undo what `single_threaded_ops` did to threads started later (call it in the thread
+    that read ``threads = torch.get_num_threads()``: its own count stays as it was)."""
+    if _openmp():
+        torch.set_num_threads(threads)
+
+
+_backend: list[bool] = []
+
+
+def _openmp() -> bool:
+    if not _backend:
+        _backend.append("ATen parallel backend: OpenMP" in torch.__config__.parallel_info())
+    return _backend[0]
+
+
 def set_thread_info(info: Any) -> None:
     """What `get_worker_info()` returns in the calling thread (None: the process's own)."""
     _threads.info = info

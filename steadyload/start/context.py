@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from . import zygote
+from . import launch, zygote
 from .guards import check_zygote_safe, warn_threads
 from .preload import ensure_forkserver, parent_imports
 
@@ -134,7 +134,8 @@ def resolve_context(
         ctx = zygote.CONTEXT
     else:
         method = default_method() if start_method == "auto" else start_method
-        ctx = multiprocessing.get_context(method)
+        # CPython's forkserver, but a worker start never waits forever (launch.py).
+        ctx = launch.FORKSERVER if method == "forkserver" else multiprocessing.get_context(method)
     method = ctx.get_start_method()
     preload: tuple[str, ...] = ()
     if method == "forkserver":

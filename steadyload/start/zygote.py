@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gc
 import inspect
-import io
 import logging
 import os
 import signal
@@ -37,12 +36,13 @@ from multiprocessing import (
     forkserver,
     popen_forkserver,
     process,
-    reduction,
     resource_tracker,
     spawn,
     util,
 )
 from typing import NoReturn
+
+from .launch import launch
 
 _LOG = logging.getLogger(__name__)
 
@@ -289,24 +289,10 @@ class _Popen(popen_forkserver.Popen):
     method = "zygote"
 
     def _launch(self, process_obj: process.BaseProcess) -> None:
-        # popen_forkserver.Popen._launch of CPython 3.10-3.13, asking the zygote instead
-        # of the process-wide fork server (that one is a module global there).
-        prep_data = spawn.get_preparation_data(process_obj._name)  # type: ignore[attr-defined]  # private
-        buf = io.BytesIO()
-        context.set_spawning_popen(self)
-        try:
-            reduction.dump(prep_data, buf)
-            reduction.dump(process_obj, buf)
-        finally:
-            context.set_spawning_popen(None)
-        self.sentinel, w = _current().connect_to_new_process(self._fds)  # type: ignore[attr-defined]  # set by popen_forkserver.Popen.__init__
-        # Kept open until the Popen is collected: the worker's parent sentinel reads EOF
-        # when this process dies.
-        parent_w = os.dup(w)
-        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))  # type: ignore[attr-defined]  # close_fds is private
-        with open(w, "wb", closefd=True) as f:
-            f.write(buf.getbuffer())
-        self.pid = forkserver.read_signed(self.sentinel)
+        # Asking the zygote instead of the process-wide fork server (a module global in
+        # popen_forkserver), with every wait bounded (launch.py).
+        server = _current()
+        launch(self, process_obj, server.connect_to_new_process, server._forkserver_pid)
 
 
 class _ZygoteProcess(process.BaseProcess):

@@ -118,6 +118,30 @@ def test_worker_info_init_fn_and_per_worker_are_per_thread() -> None:
     assert not WhoLoads.resource.built  # never built in the main thread
 
 
+class CountsOpThreads(MapDS):
+    def __getitem__(self, i: int) -> Any:
+        return torch.tensor([torch.get_num_threads()])
+
+
+def test_torch_ops_run_single_threaded_in_each_thread_worker_and_nowhere_else() -> None:
+    if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("under torch's native pool the op thread count is process-wide")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the training thread's count, whatever the machine has
+    try:
+        batches = list(sl.DataLoader(CountsOpThreads(8), batch_size=2, num_workers=2,
+                                     worker_type="thread"))  # fmt: skip
+        assert [b.tolist() for b in batches] == [[[1], [1]]] * 4  # as in torch's processes
+        assert torch.get_num_threads() == 2  # this thread keeps its own
+        later: list[int] = []  # and a thread started since gets the process's default
+        t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        t.start()
+        t.join(timeout=10)
+        assert later == [2]
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_sample_seeds_make_the_workers_own_draws_independent_of_the_layout() -> None:
     def draws(**kwargs: Any) -> list[float]:
         loader = sl.DataLoader(WhoLoads(12), batch_size=3, collate_fn=list, sample_seeds=True,

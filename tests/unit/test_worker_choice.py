@@ -12,8 +12,9 @@ from steadyload.engine import worker_choice
 from steadyload.engine.worker_choice import GilProbe, live_choice
 
 
-def _probe_while(work: object, seconds: float = 0.3) -> float:
-    """The probe's mean delay (s) while two threads run ``work`` for ``seconds``."""
+def _probe_while(work: object, probes: int = 30) -> float:
+    """The probe's mean delay (s) over ``probes`` probes while two threads run ``work``
+    (a busy GIL makes each probe wait some 15 ms: counted, not timed)."""
     stop = threading.Event()
 
     def loop() -> None:
@@ -26,13 +27,15 @@ def _probe_while(work: object, seconds: float = 0.3) -> float:
     probe.counting = True
     for t in threads:
         t.start()
-    time.sleep(seconds)
+    deadline = time.monotonic() + 10
+    while probe.probes < probes and time.monotonic() < deadline:
+        time.sleep(0.01)
     stop.set()
     probe.stop()
     for t in threads:
         t.join(timeout=5)
     assert not probe._thread.is_alive() and not any(t.is_alive() for t in threads)
-    assert probe.probes >= 20, probe.probes
+    assert probe.probes >= probes, probe.probes
     return probe.waited_s / probe.probes
 
 
