@@ -120,10 +120,14 @@ class _ForkserverProcess(process.BaseProcess):
         return _ForkserverPopen(process_obj)
 
 
-class ForkserverContext(context.ForkServerContext):
+# CPython defines ForkServerContext on POSIX only; elsewhere this context is never chosen.
+_ForkServerContext: Any = getattr(context, "ForkServerContext", context.BaseContext)
+
+
+class ForkserverContext(_ForkServerContext):  # CPython's or its base
     """CPython's forkserver context, whose worker starts wait at most `START_TIMEOUT_S`."""
 
-    Process = _ForkserverProcess  # type: ignore[assignment]  # a BaseProcess, as CPython's
+    Process = _ForkserverProcess  # a BaseProcess, as CPython's
 
 
 FORKSERVER = ForkserverContext()

@@ -35,3 +35,14 @@ def test_collate_allocates_through_new_shared() -> None:
     assert callable(torch.UntypedStorage._new_shared)
     src = inspect.getsource(torch.utils.data._utils.collate.collate_tensor_fn)
     assert "_new_shared" in src and "get_worker_info" in src
+
+
+def test_forkserver_popen_launch_as_start_launch_redoes_it() -> None:
+    # start/launch.py redoes popen_forkserver.Popen._launch with bounded waits.
+    from multiprocessing import popen_forkserver
+
+    src = inspect.getsource(popen_forkserver.Popen._launch)
+    for step in ("get_preparation_data", "connect_to_new_process", "os.dup(w)", "read_signed"):
+        assert step in src, step
+    assert callable(forkserver.read_signed)
+    assert "fds" in inspect.signature(forkserver.ForkServer.connect_to_new_process).parameters
