@@ -85,7 +85,7 @@ class GilProbe:
     def stop(self) -> None:
         """Stop the probe thread; bounded: it sleeps a millisecond at a time."""
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
+        if self._thread.is_alive():  # never started: nothing to join
             self._thread.join(timeout=1.0)
 
     def _run(self) -> None:

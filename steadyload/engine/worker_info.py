@@ -17,6 +17,7 @@ depend on thread scheduling; these do not.
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import warnings
@@ -121,13 +122,9 @@ def restore_default(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-_backend: list[bool] = []
-
-
+@functools.cache
 def _openmp() -> bool:
-    if not _backend:
-        _backend.append("ATen parallel backend: OpenMP" in torch.__config__.parallel_info())
-    return _backend[0]
+    return "ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
 
 
 def set_thread_info(info: Any) -> None:

@@ -103,13 +103,9 @@ def launch(
 
 class _ForkserverPopen(popen_forkserver.Popen):
     def _launch(self, process_obj: process.BaseProcess) -> None:
-        server = forkserver._forkserver
-        launch(self, process_obj, server.connect_to_new_process, _pid_after_start(server))
-
-
-def _pid_after_start(server: Any) -> int | None:
-    server.ensure_running()  # connect_to_new_process does it too; then the pid is known
-    return server._forkserver_pid  # private CPython attribute
+        server: Any = forkserver._forkserver
+        server.ensure_running()  # connect_to_new_process does it too; then the pid is known
+        launch(self, process_obj, server.connect_to_new_process, server._forkserver_pid)
 
 
 class _ForkserverProcess(process.BaseProcess):

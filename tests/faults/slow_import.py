@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
-import torch
-from torch.utils.data import Dataset
+from tests.adversarial import Numbers
 
 if os.environ.get("STEADYLOAD_TEST_JOB_PID") not in (None, str(os.getpid())):
     time.sleep(3.0)
 
 
-class SlowToImport(Dataset[Any]):
-    """``n`` samples: the index as a tensor."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        return torch.tensor(i)
+class SlowToImport(Numbers):
+    """`Numbers` (sample i is ``tensor(i)``), defined here so the fork server preloads this
+    module."""
