@@ -9,12 +9,34 @@ announces ride with it as SCM_RIGHTS file descriptors, attached to its first byt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import operator
+from typing import Any, TypeVar, dataclass_transform
 
 from ..report import SkippedSample
 
+_T = TypeVar("_T")
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass_transform(frozen_default=True)
+def message(cls: type[_T]) -> type[_T]:
+    """A frozen, slotted dataclass that pickles as its class and field values.
+
+    The default pickling of a slotted dataclass goes through ``dataclasses.fields()`` on
+    every load and dump: a message is pickled at least twice per batch, so this keeps it
+    to one C-level attribute read and the constructor.
+    """
+    made: Any = dataclasses.dataclass(frozen=True, slots=True)(cls)
+    names = tuple(f.name for f in dataclasses.fields(made))
+    get = operator.attrgetter(*names) if names else None
+    if len(names) == 1:
+        made.__reduce__ = lambda self: (made, (get(self),))  # type: ignore[misc]
+    else:
+        made.__reduce__ = lambda self: (made, get(self) if get else ())
+    return made
+
+
+@message
 class Task:
     """Load one batch. ``indices`` is what the sampler yielded (a list for a batch)."""
 
@@ -26,26 +48,26 @@ class Task:
     """The loader's epoch number (seeds samples with ``sample_seeds=True``)."""
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Reset:
     """A new epoch with persistent workers: recreate the fetcher (a new ``iter(dataset)``)."""
 
     freed: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Restore:
     """A replacement worker resumes a stateful IterableDataset from ``state`` (pickled)."""
 
     state: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Stop:
     """Exit the worker loop."""
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class NewSegment:
     """A shared-memory segment whose file descriptor follows the message."""
 
@@ -53,7 +75,7 @@ class NewSegment:
     nbytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Done:
     """A batch: ``payload`` is pickled with tensors replaced by segment descriptors."""
 
@@ -74,7 +96,7 @@ class Done:
     """Time from the task's start to the batch packed in shared memory. [Unit: second]"""
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Empty:
     """Every sample of the task was skipped: there is no batch (on_error="skip")."""
 
@@ -82,7 +104,7 @@ class Empty:
     skipped: tuple[SkippedSample, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Exhausted:
     """The worker's IterableDataset replica is exhausted; the task produced nothing."""
 
@@ -90,14 +112,14 @@ class Exhausted:
     skipped: tuple[SkippedSample, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Retire:
     """The worker's memory passed ``max_worker_memory``; it exits after this message."""
 
     uss_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Failed:
     """The dataset, collate_fn or worker_init_fn raised while the worker ran the task.
 
@@ -114,7 +136,7 @@ class Failed:
     """Which sample: "while loading sample 17", "while collating samples [..]"."""
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class Ready:
     """The worker is set up (seeded, worker_init_fn run) and waits for tasks."""
 
@@ -123,7 +145,7 @@ class Ready:
     """Requested fork-server preloads the server did not import; None when unknown."""
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class StartFailed:
     """The worker could not set itself up (its arguments did not unpickle, or it ran out of
     descriptors receiving them)."""

@@ -1,6 +1,6 @@
 """The parent side: start workers, send them tasks, and wait for results and deaths at once.
 
-The supervisor blocks in one place, `multiprocessing.connection.wait` on every worker's
+The supervisor blocks in one place, a poll (`channel.ready`) on every worker's
 socket and process sentinel (and the fork server's pidfd), so a death is seen the moment it
 happens and no wait can outlive a SIGKILLed worker. Reads never block: each socket is read
 by a non-blocking `channel.Reader` that returns only complete messages. Each worker has a
@@ -21,7 +21,6 @@ import socket
 import time
 import weakref
 from collections.abc import Callable
-from multiprocessing.connection import wait
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -290,7 +289,7 @@ class Supervisor:
             return []
         events: list[tuple[int, object]] = []
         with interrupts_allowed():  # the one blocking call: Ctrl-C leaves nothing half-done
-            ready = wait(list(by_object), timeout=timeout_s)
+            ready = channel.ready(list(by_object), timeout_s)
         for obj in ready:
             kind, owner = by_object[obj]
             if kind == "conn" and owner is not None:
@@ -336,7 +335,7 @@ class Supervisor:
         h = self._handles[worker_id]
         if h is None or h not in self._live:
             return False
-        return h.reader.partial or bool(wait([h.reader.sock], timeout=0))
+        return h.reader.partial or bool(channel.ready([h.reader.sock], 0))
 
     def dump_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
         """Ask a (hung) worker for the Python stacks of all its threads, and return them.

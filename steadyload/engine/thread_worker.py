@@ -43,7 +43,7 @@ class WorkerThread:
         self.fields[TASK] = -1
         self.abandoned = False
         self.thread: threading.Thread | None = None
-        self.measured = (0, 0.0)  # tasks, wall s of this thread (one tuple: read whole)
+        self.measured = (0, 0, 0.0)  # tasks, samples, wall s (one tuple: read whole)
         self.ops_set = threading.Event()  # its torch ops are single-threaded (the spawner waits)
 
     def progress(self) -> Progress:
@@ -165,7 +165,8 @@ def _thread_loop(
         began = time.perf_counter()
         ended = _run_task(msg, fetcher, cfg, dataset, w.fields, put)
         if not first:  # the first pays for lazy set-up (imports, caches): not measured
-            w.measured = (w.measured[0] + 1, w.measured[1] + time.perf_counter() - began)
+            tasks, samples, wall = w.measured
+            w.measured = (tasks + 1, samples + fetcher.count, wall + time.perf_counter() - began)
         first = False
         if before is not None and drawn(before):
             put(GlobalRngDrawn(type(dataset)))

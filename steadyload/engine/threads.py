@@ -143,11 +143,11 @@ class ThreadSupervisor:
         """Readable when events may be queued (for `Supervisor.wait(..., also=)`)."""
         return self._events
 
-    def measured(self) -> tuple[int, float]:
-        """Tasks run (each thread's first left out) and their wall seconds, summed over the
-        live threads."""
+    def measured(self) -> tuple[int, int, float]:
+        """Tasks run (each thread's first left out), their samples and their wall seconds,
+        summed over the live threads."""
         live = [w.measured for w in self._workers if w is not None]
-        return sum(m[0] for m in live), sum(m[1] for m in live)
+        return sum(m[0] for m in live), sum(m[1] for m in live), sum(m[2] for m in live)
 
     @property
     def stopped(self) -> bool:

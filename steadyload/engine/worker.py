@@ -25,7 +25,7 @@ import socket
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -81,7 +81,7 @@ def _read_loop(conn: Connection, inbox: queue.SimpleQueue[Any], stopped: threadi
     parent = multiprocessing.parent_process()
     watch: list[Any] = [conn] + ([parent.sentinel] if parent is not None else [])
     while True:
-        ready = wait(watch)
+        ready = channel.ready(watch, None)
         if conn in ready:
             try:
                 msg = conn.recv()

@@ -20,6 +20,13 @@ Python measured 0.82-1.37 CPUs' worth across runs here, overlapping JPEG decode 
 The probe's delays stay apart (bench_peers workloads on this machine: JPEG decode, 19 MB
 batches and tiny samples 0.15-0.65 ms, pure Python 2.6-11 ms).
 
+Cheap samples are the exception the probe cannot see: a sample of a few microseconds (16
+floats and a label) is interpreter work in short stretches, and every torch call hands
+the GIL over, so the probe finds it free at once while the threads still take turns at it.
+Two such thread workers loaded fewer samples per second here (93-149k) than one thread
+alone (400k), and processes more (150-190k). So when the threads' samples cost less than
+`CHEAP_SAMPLE_S` each, processes are chosen too.
+
 Some loaders are never started on threads: a stream (its position lives in the replica
 that reads it, which cannot move to a process), a ``worker_init_fn`` (it would run in this
 process: a common one reseeds this process's numpy), ``max_worker_memory``.
@@ -40,6 +47,10 @@ BUSY_SHARE = 0.2
 """The probe's mean delay, as a share of the switch interval, from which the GIL is busy
 (measured here: GIL-free work 3-13%, pure Python 50-221%)."""
 PROBE_SLEEP_S = 0.001
+CHEAP_SAMPLE_S = 50e-6
+"""A thread's cost per sample below which processes load faster though the GIL looks free
+(measured here: 64 tiny samples a batch, 13-18 us each on threads; JPEG decode, 19 MB
+batches and pure Python 300 us to 2.3 ms)."""
 MIN_PROBES = 30
 MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding
 MIN_WALL_S = 0.2  # and this much loading time, summed over the threads: a pause of this
@@ -116,11 +127,11 @@ def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | 
     return None
 
 
-def live_choice(measured: tuple[int, float], workers: int,
+def live_choice(measured: tuple[int, int, float], workers: int,
                 probe: tuple[int, float]) -> WorkerChoice | None:  # fmt: skip
-    """Decide from the thread workers' ``(tasks, wall s)`` and the probe's ``(probes,
-    waited s)``; None: not enough yet."""
-    tasks, wall = measured
+    """Decide from the thread workers' ``(tasks, samples, wall s)`` and the probe's
+    ``(probes, waited s)``; None: not enough yet."""
+    tasks, samples, wall = measured
     probes, waited = probe
     if tasks < MIN_TASKS_PER_WORKER * workers or wall < MIN_WALL_S or probes < MIN_PROBES:
         return None
@@ -133,5 +144,11 @@ def live_choice(measured: tuple[int, float], workers: int,
     if wait >= BUSY_SHARE * interval:
         return chose("process", f"{figures}: the GIL was busy, so threads take turns "
                                 "(the work holds it)")
+    per_sample = wall / max(samples, 1)
+    if per_sample < CHEAP_SAMPLE_S:
+        return chose("process", f"{figures}, but a sample took {per_sample * 1e6:.0f} us: "
+                                "samples this cheap are mostly interpreter work, which threads "
+                                "take turns at (they hand the GIL over at every torch call), "
+                                "so processes load faster")
     return chose("thread", f"{figures}: the GIL was mostly free, so threads load in parallel "
                            "(the work releases it or waits)")

@@ -327,6 +327,26 @@ def test_auto_hands_over_to_processes_where_the_work_holds_the_gil() -> None:
     assert loader.report().start_method == "forkserver"
 
 
+class Cheap(MapDS):
+    """Microseconds a sample (16 floats and a label): interpreter work in short stretches."""
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((16,), float(i)), i
+
+
+def test_auto_hands_cheap_samples_over_to_processes() -> None:
+    _warm_fork_server()
+    ds = Cheap(64 * 2500)  # some seconds on threads: the processes start within the epoch
+    loader = sl.DataLoader(ds, batch_size=64, num_workers=2, worker_type="auto")
+    want = list(torch.utils.data.DataLoader(ds, batch_size=64))
+    assert _same(list(loader), want)  # every batch once, in order, across the hand-over
+    report = loader.report()
+    choice = report.worker_type_choice or ""
+    assert report.start_method == "forkserver", choice
+    assert "samples this cheap are mostly interpreter work" in choice
+    assert "the first batches came from thread workers while the processes started" in choice
+
+
 class KillsInAProcess(PurePython):
     """Holds the GIL; the first sample from ``at`` on that a process loads kills that process,
     once (whenever the hand-over comes: with ``at=0``, while threads still hold tasks)."""

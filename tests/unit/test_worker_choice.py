@@ -55,12 +55,24 @@ def test_the_probe_tells_a_busy_gil_from_a_free_one() -> None:
 
 def test_the_rule_waits_for_enough_batches_probes_and_time() -> None:
     interval = sys.getswitchinterval()
-    assert live_choice((5, 1.0), 2, (100, 0.0)) is None  # 3 batches per thread first
-    assert live_choice((6, 0.1), 2, (100, 0.0)) is None  # nor a blink of loading
-    assert live_choice((6, 1.0), 2, (10, 0.0)) is None  # nor a handful of probes
-    busy = live_choice((6, 1.0), 2, (100, 100 * 0.5 * interval))
-    free = live_choice((6, 1.0), 2, (100, 100 * 0.02 * interval))
+    assert live_choice((5, 20, 1.0), 2, (100, 0.0)) is None  # 3 batches per thread first
+    assert live_choice((6, 24, 0.1), 2, (100, 0.0)) is None  # nor a blink of loading
+    assert live_choice((6, 24, 1.0), 2, (10, 0.0)) is None  # nor a handful of probes
+    busy = live_choice((6, 24, 1.0), 2, (100, 100 * 0.5 * interval))
+    free = live_choice((6, 24, 1.0), 2, (100, 100 * 0.02 * interval))
     assert busy is not None and busy.kind == "process"
     assert "waited 2.50 ms for it on average (50% of the 5 ms switch interval" in busy.reason
     assert free is not None and free.kind == "thread"
     assert "the GIL was mostly free, so threads load in parallel" in free.reason
+
+
+def test_cheap_samples_go_to_processes_though_the_gil_looks_free() -> None:
+    interval = sys.getswitchinterval()
+    free_gil = (100, 100 * 0.02 * interval)
+    cheap = live_choice((600, 600 * 64, 0.6), 2, free_gil)  # 16 us a sample
+    assert cheap is not None and cheap.kind == "process"
+    assert "but a sample took 16 us: samples this cheap are mostly interpreter work" in (
+        cheap.reason)
+    at_the_line = live_choice((600, 600 * 64, 600 * 64 * worker_choice.CHEAP_SAMPLE_S), 2,
+                              free_gil)  # fmt: skip
+    assert at_the_line is not None and at_the_line.kind == "thread"
