@@ -83,14 +83,25 @@ def install_per_thread() -> None:
         _install_plain_storage()
 
 
+_HUGE_PAGED_BYTES = 4 << 20  # from where numpy asks for transparent huge pages (madvise)
+
+
 def _install_plain_storage() -> None:
     """In a thread worker, storage asked for as shared (default_collate does so whenever
     `get_worker_info()` is not None, to hand the batch to another process) is plain: the
-    batch stays in this process, and a /dev/shm segment per batch would only cost."""
+    batch stays in this process, and a /dev/shm segment per batch would only cost.
+
+    From 4 MiB it is numpy's memory, which numpy advises for transparent huge pages (where
+    the kernel leaves them to ``madvise``, as Debian's does): 19 MB batches then took a
+    third of the page faults (150k against 520-720k per 300 batches) and less system time.
+    Like the shared storage of torch's worker processes, it cannot grow (``resize_``
+    within its size works)."""
     original = torch.UntypedStorage._new_shared
 
     def _new_shared(cls: type, size: int, *, device: Any = "cpu") -> torch.UntypedStorage:
         if getattr(_threads, "info", None) is not None and torch.device(device).type == "cpu":
+            if size >= _HUGE_PAGED_BYTES:
+                return torch.from_numpy(np.empty(size, np.uint8)).untyped_storage()
             return torch.UntypedStorage(size)
         return original(size, device=device)
 

@@ -3,6 +3,7 @@ and worker_type="auto" picks threads or processes by measuring the dataset."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -325,6 +326,27 @@ def test_auto_hands_over_to_processes_where_the_work_holds_the_gil() -> None:
     # The next epoch starts on processes at once: the choice is kept.
     assert [b.tolist() for b in loader] == want
     assert loader.report().start_method == "forkserver"
+
+
+class Images(MapDS):
+    """3 MiB a sample: batches of 4 are past the size whose storage is numpy's."""
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((3, 512, 512), float(i))
+
+
+def test_big_thread_batches_outlive_their_loader_and_behave_as_torch_worker_batches() -> None:
+    loader = sl.DataLoader(Images(8), batch_size=4, num_workers=2, worker_type="thread")
+    kept = list(loader)
+    del loader
+    gc.collect()
+    assert _same(kept, list(torch.utils.data.DataLoader(Images(8), batch_size=4)))
+    first = kept[0]
+    first.share_memory_()  # as a batch of torch's workers can be passed on
+    assert first.is_shared() and float(first[3, 0, 0, 0]) == 3.0
+    kept[1].resize_(2, 3, 512, 512)  # shrinking works; growing does not, as for torch's
+    with pytest.raises(RuntimeError, match="not resizable"):
+        kept[1].resize_(8, 3, 512, 512)
 
 
 class Cheap(MapDS):
