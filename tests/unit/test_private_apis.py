@@ -50,9 +50,8 @@ def test_forkserver_popen_launch_as_start_launch_redoes_it() -> None:
 
 def test_the_c_getsignal_answers_as_signal_getsignal_does() -> None:
     # engine/interrupts.py checks its handler per batch with _signal.getsignal (no enum).
-    import signal
-
     import _signal
+    import signal
 
     assert _signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGINT)
     assert _signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGTERM)
