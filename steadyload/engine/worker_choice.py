@@ -49,8 +49,8 @@ BUSY_SHARE = 0.2
 PROBE_SLEEP_S = 0.001
 CHEAP_SAMPLE_S = 50e-6
 """A thread's cost per sample below which processes load faster though the GIL looks free
-(measured here: 64 tiny samples a batch, 13-18 us each on threads; JPEG decode, 19 MB
-batches and pure Python 300 us to 2.3 ms)."""
+(measured here: 64 tiny samples a batch, 13-20 us each on threads; JPEG decode, 19 MB
+batches and pure Python 0.5-2.8 ms)."""
 MIN_PROBES = 30
 MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding
 MIN_WALL_S = 0.2  # and this much loading time, summed over the threads: a pause of this
