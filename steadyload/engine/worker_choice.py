@@ -25,7 +25,8 @@ floats and a label) is interpreter work in short stretches, and every torch call
 the GIL over, so the probe finds it free at once while the threads still take turns at it.
 Two such thread workers loaded fewer samples per second here (93-149k) than one thread
 alone (400k), and processes more (150-190k). So when the threads' samples cost less than
-`CHEAP_SAMPLE_S` each, processes are chosen too.
+`CHEAP_SAMPLE_S` each, processes are chosen too, provided a batch costs the threads at
+least `MIN_PROCESS_BATCH_S` (a process worker's batch has a cost of its own to receive).
 
 Some loaders are never started on threads: a stream (its position lives in the replica
 that reads it, which cannot move to a process), a ``worker_init_fn`` (it would run in this
@@ -51,6 +52,11 @@ CHEAP_SAMPLE_S = 50e-6
 """A thread's cost per sample below which processes load faster though the GIL looks free
 (measured here: 64 tiny samples a batch, 13-20 us each on threads; JPEG decode, 19 MB
 batches and pure Python 0.5-2.8 ms)."""
+MIN_PROCESS_BATCH_S = 0.5e-3
+"""...unless a batch costs the threads less than this: a process worker's batch costs the
+main process some 150-250 us (receive, rebuild, bookkeeping), so below it threads stay
+ahead (measured here on tiny samples: threads ahead at 8 a batch, even at 16 and 32,
+processes 1.4x at 64)."""
 MIN_PROBES = 30
 MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding
 MIN_WALL_S = 0.2  # and this much loading time, summed over the threads: a pause of this
@@ -144,11 +150,16 @@ def live_choice(measured: tuple[int, int, float], workers: int,
     if wait >= BUSY_SHARE * interval:
         return chose("process", f"{figures}: the GIL was busy, so threads take turns "
                                 "(the work holds it)")
-    per_sample = wall / max(samples, 1)
-    if per_sample < CHEAP_SAMPLE_S:
+    per_sample, per_batch = wall / max(samples, 1), wall / tasks
+    if per_sample < CHEAP_SAMPLE_S and per_batch >= MIN_PROCESS_BATCH_S:
         return chose("process", f"{figures}, but a sample took {per_sample * 1e6:.0f} us: "
                                 "samples this cheap are mostly interpreter work, which threads "
                                 "take turns at (they hand the GIL over at every torch call), "
-                                "so processes load faster")
+                                f"and a batch ({per_batch * 1e3:.1f} ms) is worth sending, so "
+                                "processes load faster")
+    if per_sample < CHEAP_SAMPLE_S:
+        return chose("thread", f"{figures}; a sample took {per_sample * 1e6:.0f} us, but a "
+                               f"batch only {per_batch * 1e6:.0f} us, less than a process "
+                               "worker's batch costs to receive, so threads stay ahead")
     return chose("thread", f"{figures}: the GIL was mostly free, so threads load in parallel "
                            "(the work releases it or waits)")

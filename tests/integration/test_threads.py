@@ -369,6 +369,16 @@ def test_auto_hands_cheap_samples_over_to_processes() -> None:
     assert "the first batches came from thread workers while the processes started" in choice
 
 
+def test_auto_keeps_cheap_samples_on_threads_when_each_task_is_one_sample() -> None:
+    ds = Cheap(20_000)  # batch_size=None: tasks of microseconds, cheaper than a process's
+    loader = sl.DataLoader(ds, batch_size=None, num_workers=2, worker_type="auto")
+    assert _same(list(loader), list(torch.utils.data.DataLoader(ds, batch_size=None)))
+    report = loader.report()
+    choice = report.worker_type_choice or ""
+    assert report.start_method == "thread", choice
+    assert "less than a process worker's batch costs to receive, so threads stay ahead" in choice
+
+
 class KillsInAProcess(PurePython):
     """Holds the GIL; the first sample from ``at`` on that a process loads kills that process,
     once (whenever the hand-over comes: with ``at=0``, while threads still hold tasks)."""

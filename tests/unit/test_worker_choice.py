@@ -73,6 +73,11 @@ def test_cheap_samples_go_to_processes_though_the_gil_looks_free() -> None:
     assert cheap is not None and cheap.kind == "process"
     assert "but a sample took 16 us: samples this cheap are mostly interpreter work" in (
         cheap.reason)
+    assert "and a batch (1.0 ms) is worth sending, so processes load faster" in cheap.reason
     at_the_line = live_choice((600, 600 * 64, 600 * 64 * worker_choice.CHEAP_SAMPLE_S), 2,
                               free_gil)  # fmt: skip
     assert at_the_line is not None and at_the_line.kind == "thread"
+    one_a_batch = live_choice((12000, 12000, 0.24), 2, free_gil)  # batch_size=None: 20 us
+    assert one_a_batch is not None and one_a_batch.kind == "thread"
+    assert "a sample took 20 us, but a batch only 20 us, less than a process worker's" in (
+        one_a_batch.reason)
