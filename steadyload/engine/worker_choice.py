@@ -55,7 +55,7 @@ batches and pure Python 0.5-2.8 ms)."""
 MIN_PROCESS_BATCH_S = 0.5e-3
 """...unless a batch costs the threads less than this: a process worker's batch costs the
 main process some 150-250 us (receive, rebuild, bookkeeping), so below it threads stay
-ahead (measured here on tiny samples: threads ahead at 8 a batch, even at 16 and 32,
+ahead (measured here on tiny samples: threads ahead at 8 a batch, level at 16 and 32,
 processes 1.4x at 64)."""
 MIN_PROBES = 30
 MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding
