@@ -53,10 +53,10 @@ CHEAP_SAMPLE_S = 50e-6
 (measured here: 64 tiny samples a batch, 13-20 us each on threads; JPEG decode, 19 MB
 batches and pure Python 0.5-2.8 ms)."""
 MIN_PROCESS_BATCH_S = 0.5e-3
-"""...unless a batch costs the threads less than this: a process worker's batch costs the
-main process some 150-250 us (receive, rebuild, bookkeeping), so below it threads stay
-ahead (measured here on tiny samples: threads ahead at 8 a batch, level at 16 and 32,
-processes 1.4x at 64)."""
+"""The cost of a batch to the threads from which cheap samples go to processes: a process
+worker's batch costs the main process about 150 us (receive, rebuild, bookkeeping; 137-158
+us measured on tiny batches), so below it threads stay ahead (measured here on tiny
+samples: threads ahead at 8 a batch, level at 16 and 32, processes 1.4x at 64)."""
 MIN_PROBES = 30
 MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding
 MIN_WALL_S = 0.2  # and this much loading time, summed over the threads: a pause of this
