@@ -50,7 +50,7 @@ BUSY_SHARE = 0.2
 PROBE_SLEEP_S = 0.001
 CHEAP_SAMPLE_S = 50e-6
 """A thread's cost per sample below which processes load faster though the GIL looks free
-(measured here: 64 tiny samples a batch, 13-20 us each on threads; JPEG decode, 19 MB
+(measured here: 64 tiny samples a batch, 13-23 us each on threads; JPEG decode, 19 MB
 batches and pure Python 0.5-2.8 ms)."""
 MIN_PROCESS_BATCH_S = 0.5e-3
 """The cost of a batch to the threads from which cheap samples go to processes: a process
