@@ -375,8 +375,10 @@ def test_auto_keeps_cheap_samples_on_threads_when_each_task_is_one_sample() -> N
     assert _same(list(loader), list(torch.utils.data.DataLoader(ds, batch_size=None)))
     report = loader.report()
     choice = report.worker_type_choice or ""
+    # Which of the rule's lines kept it there (cheap tasks; on a loaded machine the samples
+    # may cost past CHEAP_SAMPLE_S) is test_worker_choice's; here: threads, as chosen.
     assert report.start_method == "thread", choice
-    assert "less than a process worker's batch costs to receive, so threads stay ahead" in choice
+    assert choice.startswith("worker_type='auto' chose thread workers: "), choice
 
 
 class KillsInAProcess(PurePython):
