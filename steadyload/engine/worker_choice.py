@@ -151,13 +151,13 @@ def live_choice(measured: tuple[int, int, float], workers: int,
         return chose("process", f"{figures}: the GIL was busy, so threads take turns "
                                 "(the work holds it)")
     per_sample, per_batch = wall / max(samples, 1), wall / tasks
-    if per_sample < CHEAP_SAMPLE_S and per_batch >= MIN_PROCESS_BATCH_S:
-        return chose("process", f"{figures}, but a sample took {per_sample * 1e6:.0f} us: "
-                                "samples this cheap are mostly interpreter work, which threads "
-                                "take turns at (they hand the GIL over at every torch call), "
-                                f"and a batch ({per_batch * 1e3:.1f} ms) is worth sending, so "
-                                "processes load faster")
     if per_sample < CHEAP_SAMPLE_S:
+        if per_batch >= MIN_PROCESS_BATCH_S:
+            return chose("process", f"{figures}, but a sample took {per_sample * 1e6:.0f} us: "
+                                    "samples this cheap are mostly interpreter work, which "
+                                    "threads take turns at (they hand the GIL over at every "
+                                    f"torch call), and a batch ({per_batch * 1e3:.1f} ms) is "
+                                    "worth sending, so processes load faster")
         return chose("thread", f"{figures}; a sample took {per_sample * 1e6:.0f} us, but a "
                                f"batch only {per_batch * 1e6:.0f} us, less than a process "
                                "worker's batch costs to receive, so threads stay ahead")

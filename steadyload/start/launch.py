@@ -8,8 +8,9 @@ stopped server is named at once, a server that is merely slow (the first start w
 its preloads, torch alone about a second) is given `START_TIMEOUT_S`, and then the start
 fails with what was seen. A server that died answers EOF, as in CPython.
 
-Used by the forkserver context (`FORKSERVER`, a `ForkServerContext` whose processes launch
-this way) and the zygote's (zygote.py). Written against CPython 3.10 to 3.13.
+Used through `BoundedPopen` by the forkserver context (`FORKSERVER`, a `ForkServerContext`
+whose processes launch this way) and the zygote's (zygote.py). Written against CPython 3.10
+to 3.13.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import io
 import os
 import select
 import time
-from collections.abc import Callable
 from multiprocessing import context, forkserver, popen_forkserver, process, reduction, spawn, util
 from typing import Any
 
@@ -64,48 +64,54 @@ def _wait(fd: int, for_write: bool, server_pid: int | None, deadline: float) -> 
                                f"s (process state {state!r})", server_pid, False)  # fmt: skip
 
 
-def launch(
-    popen: popen_forkserver.Popen, process_obj: process.BaseProcess,
-    connect: Callable[[Any], tuple[int, int]], server_pid: int | None,
-) -> None:  # fmt: skip
-    """`popen_forkserver.Popen._launch`, asking ``connect`` (a server's
-    ``connect_to_new_process``) and waiting at most `START_TIMEOUT_S`.
+class BoundedPopen(popen_forkserver.Popen):
+    """`popen_forkserver.Popen` whose launch waits at most `START_TIMEOUT_S` (`_server`
+    names the fork server to ask)."""
 
-    Raises:
-        StartStalled: the server is stopped or did not answer in time.
-        EOFError: the server died (as CPython's own launch raises).
-    """
-    prep_data = spawn.get_preparation_data(process_obj._name)  # type: ignore[attr-defined]  # private
-    buf = io.BytesIO()
-    context.set_spawning_popen(popen)
-    try:
-        reduction.dump(prep_data, buf)
-        reduction.dump(process_obj, buf)
-    finally:
-        context.set_spawning_popen(None)
-    popen.sentinel, w = connect(popen._fds)  # type: ignore[attr-defined]  # set by Popen.__init__
-    # Kept open until the Popen is collected: the worker's parent sentinel reads EOF when
-    # this process dies.
-    parent_w = os.dup(w)
-    popen.finalizer = util.Finalize(popen, util.close_fds, (parent_w, popen.sentinel))  # type: ignore[attr-defined]  # close_fds is private
-    deadline = time.monotonic() + START_TIMEOUT_S
-    data = memoryview(buf.getbuffer())
-    try:
-        os.set_blocking(w, False)  # a stopped server leaves a full pipe full
-        while data:
-            _wait(w, True, server_pid, deadline)
-            data = data[os.write(w, data) :]
-    finally:
-        os.close(w)
-    _wait(popen.sentinel, False, server_pid, deadline)
-    popen.pid = forkserver.read_signed(popen.sentinel)
+    def _server(self) -> Any:
+        """The running fork server (``connect_to_new_process``, ``_forkserver_pid``)."""
+        raise NotImplementedError
 
-
-class _ForkserverPopen(popen_forkserver.Popen):
     def _launch(self, process_obj: process.BaseProcess) -> None:
+        """CPython's `popen_forkserver.Popen._launch`, with every wait bounded.
+
+        Raises:
+            StartStalled: the server is stopped or did not answer in time.
+            EOFError: the server died (as CPython's own launch raises).
+        """
+        server = self._server()
+        server_pid: int | None = server._forkserver_pid
+        prep_data = spawn.get_preparation_data(process_obj._name)  # type: ignore[attr-defined]  # private
+        buf = io.BytesIO()
+        context.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            context.set_spawning_popen(None)
+        self.sentinel, w = server.connect_to_new_process(self._fds)  # type: ignore[attr-defined]  # set by Popen.__init__
+        # Kept open until the Popen is collected: the worker's parent sentinel reads EOF
+        # when this process dies.
+        parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))  # type: ignore[attr-defined]  # close_fds is private
+        deadline = time.monotonic() + START_TIMEOUT_S
+        data = memoryview(buf.getbuffer())
+        try:
+            os.set_blocking(w, False)  # a stopped server leaves a full pipe full
+            while data:
+                _wait(w, True, server_pid, deadline)
+                data = data[os.write(w, data) :]
+        finally:
+            os.close(w)
+        _wait(self.sentinel, False, server_pid, deadline)
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _ForkserverPopen(BoundedPopen):
+    def _server(self) -> Any:
         server: Any = forkserver._forkserver
         server.ensure_running()  # connect_to_new_process does it too; then the pid is known
-        launch(self, process_obj, server.connect_to_new_process, server._forkserver_pid)
+        return server
 
 
 class _ForkserverProcess(process.BaseProcess):

@@ -34,7 +34,6 @@ from multiprocessing import (
     connection,
     context,
     forkserver,
-    popen_forkserver,
     process,
     resource_tracker,
     spawn,
@@ -42,7 +41,7 @@ from multiprocessing import (
 )
 from typing import NoReturn
 
-from .launch import launch
+from .launch import BoundedPopen
 
 _LOG = logging.getLogger(__name__)
 
@@ -285,14 +284,13 @@ def _current() -> _Zygote:
     return server
 
 
-class _Popen(popen_forkserver.Popen):
+class _Popen(BoundedPopen):
     method = "zygote"
 
-    def _launch(self, process_obj: process.BaseProcess) -> None:
-        # Asking the zygote instead of the process-wide fork server (a module global in
+    def _server(self) -> _Zygote:
+        # The zygote instead of the process-wide fork server (a module global in
         # popen_forkserver), with every wait bounded (launch.py).
-        server = _current()
-        launch(self, process_obj, server.connect_to_new_process, server._forkserver_pid)
+        return _current()
 
 
 class _ZygoteProcess(process.BaseProcess):
