@@ -17,14 +17,15 @@ import torch.utils.data
 
 from ._system import parse_bytes
 from .checkpoint import Checkpoints, Mark
-from .engine.worker_choice import WorkerChoice, static_choice
+from .engine.choice.worker_kind import WorkerChoice, static_choice
+from .engine.factory import THREADS, PoolPlan
 from .iterators.in_process import InProcessIterator
 from .iterators.workers import WorkerIterator
 from .options import OPTION_NAMES, LoaderOptions, options_of
 from .rebuild_watch import caller_frame, note_read
 from .report import LoaderReport, RunRecord
-from .start.context import THREAD, THREAD_START, StartInfo, resolve_context
-from .tuning import AutoChoice, resolve_num_workers
+from .start.context import StartInfo, resolve_context
+from .worker_count import AutoChoice, resolve_num_workers
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -51,7 +52,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     RNGs restored, and picks enough workers to deliver a batch every 5 ms, at most the
     usable CPUs - 1 and what fits in half the available memory; 0 for samples under 50 µs,
     1 for an IterableDataset (not measured). The choice and its reason are logged at INFO
-    (logger "steadyload.tuning") and shown by `report()`. ``steadyload bench`` measures
+    (logger "steadyload.worker_count") and shown by `report()`. ``steadyload bench`` measures
     every count instead.
 
     Args (steadyload-only, keyword-only):
@@ -101,7 +102,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             parallel only where the work releases the GIL (decoding, numpy, tokenizers in
             Rust, big tensor copies) or on free-threaded Python. "auto" starts on threads,
             measures how busy they keep the GIL, and hands over to processes if it is
-            (`report()` gives the figures). See the README's "Thread workers".
+            (`report()` gives the figures). See docs/guide/threads.md.
 
     Raises:
         ValueError: for the argument combinations torch rejects, with torch's messages.
@@ -251,7 +252,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def check_worker_number_rationality(self) -> None:
         """torch's warning about more workers than CPUs; not for threads (they overlap I/O)."""
-        if getattr(self, "worker_type", "process") != THREAD:
+        if getattr(self, "worker_type", "process") != "thread":
             super().check_worker_number_rationality()
 
     def _carry_on_from(self, other: DataLoader[Any]) -> None:
@@ -273,24 +274,23 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             worker_type=self.worker_type,
         )
 
-    def _workers_start(self) -> tuple[
-        tuple[multiprocessing.context.BaseContext | None, StartInfo],
-        Callable[[], tuple[multiprocessing.context.BaseContext, StartInfo]] | None,
-    ]:
-        """How this iterator's workers start: threads (no context) or processes (their
-        context); with "auto" not yet decided, threads that may hand over to processes
-        (then the second item starts those: engine/handover.py)."""
+    def _pool_plan(self) -> PoolPlan:
+        """This iterator's workers: processes (their context), threads, or, with "auto"
+        undecided, threads that may hand over to processes (engine/choice/handover.py)."""
         kind = self._options.worker_type
         if kind == "auto":
             last = self._last_run
-            if self._worker_choice is None and last is not None and last.worker_kind:  # decided
-                self._worker_choice = WorkerChoice(last.worker_kind, last.worker_type_choice or "")
+            if self._worker_choice is None and last is not None and last.auto_kind:  # decided
+                self._worker_choice = WorkerChoice(last.auto_kind, last.worker_type_choice or "")
             if self._worker_choice is None:
                 self._worker_choice = static_choice(self, self._options.max_worker_memory_bytes)
             if self._worker_choice is None:  # measured on the first batches
-                return THREAD_START, self._start_context
+                return PoolPlan("auto", processes=self._start_context)
             kind = self._worker_choice.kind
-        return (THREAD_START if kind == THREAD else self._start_context()), None
+        if kind == "thread":
+            return THREADS
+        ctx, start = self._start_context()
+        return PoolPlan("process", context=ctx, start=start)
 
     def _start_context(self) -> tuple[multiprocessing.context.BaseContext, StartInfo]:
         """The workers' context and how it was chosen (decided once per loader)."""
@@ -315,10 +315,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self.num_workers == 0:
             iterator = InProcessIterator(self, self._options, self._checkpoints)
         else:
-            start, later = self._workers_start()  # later: processes after threads
-            if start[1].method != THREAD:  # "auto" may have chosen threads
+            plan = self._pool_plan()
+            if plan.kind == "process":  # "auto" may have chosen threads
                 self.check_worker_number_rationality()
-            iterator = WorkerIterator(self, self._options, start, self._checkpoints, later)
+            iterator = WorkerIterator(self, self._options, plan, self._checkpoints)
         if global_rng is not None:
             torch.set_rng_state(global_rng)
         self._last_run = iterator.record
@@ -385,7 +385,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return self._last_run.to_report()
         info = self._start[1] if self._start is not None else None
         return LoaderReport(
-            start_method=info.method if info else "in-process",
+            worker_kind="process" if info else "in-process",
+            start_method=info.method if info else None,
             preload_requested=info.preload if info else (),
             preload_missing=None,
             workers=(),

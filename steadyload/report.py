@@ -77,8 +77,10 @@ class LoaderReport:
     """What `DataLoader.report()` returns: how the workers started and ran.
 
     Attributes:
-        start_method: "fork", "forkserver", "spawn", "zygote", "thread" (thread workers), or
-            "in-process" (num_workers=0).
+        worker_kind: the kind of worker that ran: "process", "thread" or "in-process"
+            (num_workers=0); after ``worker_type="auto"`` handed over, "process".
+        start_method: how process workers started: "fork", "forkserver", "spawn" or
+            "zygote"; None when no process started (threads, in-process).
         preload_requested: modules steadyload asked the fork server to import.
         preload_missing: those the fork server did not import (CPython skips a failing
             preload silently); None when unknown (the server was started by someone else).
@@ -96,10 +98,11 @@ class LoaderReport:
             0: data loading keeps up; large: more workers or cheaper samples would help.
     """
 
-    start_method: str
+    start_method: str | None
     preload_requested: tuple[str, ...]
     preload_missing: tuple[str, ...] | None
     workers: tuple[WorkerReport, ...]
+    worker_kind: str = "process"
     restarts: tuple[RestartReport, ...] = ()
     skipped: tuple[SkippedSample, ...] = ()
     num_workers_choice: str | None = None
@@ -110,7 +113,8 @@ class LoaderReport:
     data_stall_share: float | None = None
 
     def __str__(self) -> str:
-        lines = [f"steadyload loader report: start method {self.start_method}"]
+        how = f", start method {self.start_method}" if self.start_method else ""
+        lines = [f"steadyload loader report: {self.worker_kind} workers{how}"]
         if self.data_stall_share is not None:
             lines.append(
                 f"  data stall: {self.data_stall_share:.1%} of the training loop's time "
@@ -167,13 +171,14 @@ class LoaderReport:
 class RunRecord:
     """What one iterator records while it runs; outlives it, for `DataLoader.report`."""
 
-    def __init__(self, start_method: str, preload: tuple[str, ...]) -> None:
+    def __init__(self, kind: str, start_method: str | None, preload: tuple[str, ...]) -> None:
+        self.worker_kind = "thread" if kind == "auto" else kind  # auto starts on threads
         self.start_method = start_method
         self.preload = preload
         self.preload_missing: tuple[str, ...] | None = None
         self.num_workers_choice: str | None = None  # num_workers="auto": what and why
         self.worker_type_choice: str | None = None  # worker_type="auto": what and why
-        self.worker_kind: str | None = None  # and what it chose: "thread" or "process"
+        self.auto_kind: str | None = None  # and what it chose: "thread" or "process"
         self.workers: dict[int, WorkerReport] = {}
         self.restarts: list[RestartReport] = []
         self.skipped: list[SkippedSample] = []
@@ -234,6 +239,7 @@ class RunRecord:
             workers.append(w)
         loop_s = self.last_return - self.first_call if self.first_call is not None else 0.0
         return LoaderReport(
+            worker_kind=self.worker_kind,
             start_method=self.start_method,
             preload_requested=self.preload,
             preload_missing=self.preload_missing,

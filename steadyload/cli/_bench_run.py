@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .._system import available_memory_bytes, gib
-from ..tuning import TRIVIAL_SAMPLE_S, SampleProfile, fmt_s, memory_bound, probe, usable_cpus
+from ..worker_count import TRIVIAL_SAMPLE_S, SampleProfile, fmt_s, memory_bound, probe, usable_cpus
 
 WITHIN_BEST = 0.95
 """The smallest worker count within 5% of the best throughput is recommended."""
@@ -285,7 +285,7 @@ def _worker_memory(kind: str, loader: Any, it: Any) -> tuple[int | None, int | N
 
     if kind.startswith("steadyload"):
         report = loader.report()
-        if report.start_method == "thread":
+        if report.worker_kind == "thread":
             return None, None  # threads have no memory of their own
         pids = [w.pid for w in report.workers if w.pid]
     else:

@@ -153,7 +153,7 @@ def render(result: BenchResult) -> Any:
     from rich.text import Text
 
     from .._system import gib
-    from ..tuning import fmt_s
+    from ..worker_count import fmt_s
 
     rows: dict[int, dict[str, Any]] = {}
     for m in result.measurements:

@@ -62,7 +62,7 @@ class Deferred:
     def __reduce__(self) -> tuple[Any, tuple[bytes, int]]:
         with descriptors.collecting() as table:
             data = dumps_for_worker(self._parts, self._obj)
-        self.last_descriptors = table  # the supervisor sends them once the process started
+        self.last_descriptors = table  # the pool sends them once the process started
         return (_rebuild_deferred, (data, len(table)))
 
     def get(self) -> Any:

@@ -1,7 +1,7 @@
-"""What the supervisor reports besides workers' other messages: received batches, deaths
+"""What the pool reports besides workers' other messages: received batches, deaths
 and failures to receive.
 
-`Supervisor.wait` returns ``(worker_id, event)`` pairs; these are the events the parent
+`ProcessPool.wait` returns ``(worker_id, event)`` pairs; these are the events the parent
 itself makes (the workers' own messages are in protocol.py).
 """
 
@@ -52,6 +52,9 @@ class Died:
     """What faulthandler wrote: a native crash's stack, or a hang dump."""
     libraries: tuple[str, ...] = ()
     """Crash-prone native libraries the worker had loaded."""
+    kind: str = "process"
+    """The kind of worker that died: "process", or "thread" (an escaped exception or an
+    abandoned hang; ``exitcode`` None)."""
 
 
 @dataclass(frozen=True, slots=True)

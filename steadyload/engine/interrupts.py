@@ -5,7 +5,7 @@ between receiving a batch and recording it, or between recording a task and send
 would lose or duplicate a batch; landing inside a teardown would leave workers running.
 So the iterator and the teardown run under `held_interrupts`: a SIGINT that arrives is
 remembered and handed to the handler that was installed (normally raising
-``KeyboardInterrupt``) when the block ends. The one blocking call, the supervisor's wait,
+``KeyboardInterrupt``) when the block ends. The one blocking call, the pool's wait,
 opens a window with `interrupts_allowed`, so Ctrl-C still interrupts a wait at once.
 
 Cost: while an iterator is `attach`ed (from its start to its teardown) steadyload's handler

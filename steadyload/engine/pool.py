@@ -1,22 +1,45 @@
-"""`WorkerPool`: what the iterators ask of their workers, processes or threads.
+"""`WorkerPool`: everything the iterators (and the hand-over) ask of a kind of worker.
 
-`supervisor.Supervisor` (processes) and `threads.ThreadSupervisor` (threads) both provide
-it; iterators/ is written against this, so dispatch, recovery, the hang watch and
-checkpoints are one code for both.
+`process.pool.ProcessPool`, `thread.pool.ThreadPool` and `choice.handover.HandoverPool`
+provide it; iterators/ is written against it alone, so dispatch, recovery, the hang watch
+and checkpoints are one code for every kind. A pool's waiting is split in three
+(`waitables`, `pending`, `collect`) so that `wait_any` can wait for several pools in one
+poll: the hand-over's threads and processes, and later remote workers beside local ones.
+Pools whose workers come from a fork server also provide `ServerPool`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
 
+from .events import ServerDied
+from .interrupts import interrupts_allowed
 from .status import Progress
+from .transport import channel
+
+Kind = Literal["process", "thread"]
+PROCESS: Kind = "process"
+THREAD: Kind = "thread"
 
 
 class WorkerPool(Protocol):
-    """The workers of one iterator: start, message, watch, stop (see `Supervisor`)."""
+    """The workers of one iterator: start, message, watch, stop."""
 
     running: bool
+
+    @property
+    def kind(self) -> Kind:
+        """The kind of worker that runs new tasks now ("process" or "thread")."""
+
+    @property
+    def start_method(self) -> str | None:
+        """How process workers start ("forkserver", "spawn", "fork", "zygote"); None for
+        threads (nothing starts)."""
+
+    @property
+    def preload(self) -> tuple[str, ...]:
+        """Modules the fork server was asked to import (empty: none, or not ours)."""
 
     @property
     def views(self) -> Sequence[Any]:
@@ -34,13 +57,10 @@ class WorkerPool(Protocol):
         """Start all workers."""
 
     def respawn(self, worker_id: int) -> None:
-        """Start a fresh worker for ``worker_id``."""
+        """Start a fresh worker for ``worker_id`` (same id, same seed)."""
 
     def shutdown(self) -> None:
         """Stop every worker; idempotent."""
-
-    def restart_server(self, dead: Any) -> tuple[str, ...]:
-        """Start a new fork server in place of a dead one."""
 
     def pid(self, worker_id: int) -> int | None:
         """The worker's process id."""
@@ -60,17 +80,52 @@ class WorkerPool(Protocol):
     def send_reset(self) -> None:
         """Tell every worker a new epoch begins."""
 
+    def waitables(self) -> list[Any]:
+        """What a poll must watch for this pool's events (sockets, sentinels, pidfds);
+        arms whatever must signal while the caller waits. Call before `pending`."""
+
+    def pending(self) -> bool:
+        """Whether events are already queued (the poll must not block)."""
+
+    def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
+        """The events behind ``ready`` (what the poll returned) and any queued; never
+        blocks. Events are ``(worker_id, event)``: a protocol message (a `Done` comes back
+        as `Received`), `Died`, `ReceiveFailed`, or pool-wide events with worker id -1."""
+
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
-        """Block until events arrive or ``timeout_s`` passes. [Unit: second]"""
+        """Block until events arrive or ``timeout_s`` passes (`wait_any`). [Unit: second]"""
 
     def progress(self, worker_id: int) -> Progress | None:
         """What the worker is doing now."""
 
     def on_its_way(self, worker_id: int) -> bool:
-        """Whether an outcome is waiting to be read."""
+        """Whether an outcome of the worker is waiting to be read."""
 
     def dump_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
         """The (hung) worker's Python stacks."""
 
     def kill(self, worker_id: int) -> None:
-        """Stop the worker now; its `Died` event follows from `wait`."""
+        """Stop the worker now (a thread: abandon it); its `Died` event follows."""
+
+
+@runtime_checkable
+class ServerPool(Protocol):
+    """A pool whose workers come from a fork server (or zygote) that can die under them."""
+
+    def restart_server(self, dead: ServerDied) -> tuple[str, ...]:
+        """Start a new server in place of ``dead``; the preloads it was asked for."""
+
+
+def wait_any(pools: Sequence[WorkerPool], timeout_s: float | None) -> list[tuple[int, object]]:
+    """Block until any of ``pools`` has events or ``timeout_s`` passes; their events.
+    The poll is the one place Ctrl-C may land (engine/interrupts.py). [Unit: second]"""
+    watched = [obj for pool in pools for obj in pool.waitables()]
+    if any(pool.pending() for pool in pools):
+        timeout_s = 0.0
+    ready: Collection[Any] = ()
+    if watched:
+        with interrupts_allowed():  # a dequeue never runs here: nothing is lost to Ctrl-C
+            ready = set(channel.ready(watched, timeout_s))
+    elif timeout_s != 0.0:
+        return []
+    return [event for pool in pools for event in pool.collect(ready)]

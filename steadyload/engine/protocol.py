@@ -1,4 +1,4 @@
-"""Messages between the supervisor (parent) and a worker (child).
+"""Messages between the pool (parent) and a worker (child).
 
 Each worker has one duplex Unix socketpair of its own (framing: `channel.py`). Parent ->
 worker: `Task`, `Reset`, `Restore`, `Stop`. Worker -> parent: `Ready`, `Done`, `Empty`,

@@ -49,7 +49,7 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
             self._collate_fn, self._drop_last, skip_errors=options.on_error == "skip",
             seeder=self._seeder,
         )  # fmt: skip
-        self.record = RunRecord("in-process", ())
+        self.record = RunRecord("in-process", None, ())
         self._guard = SkipGuard()
         self._empty = EmptyBatches(self._collate_fn)
         self._ahead: collections.deque[tuple[int, Any]] = collections.deque()

@@ -1,6 +1,6 @@
 """Recovery policy of the multi-worker iterator: dead, hung and retired workers.
 
-When a worker dies, the supervisor reports it at once with what its status block says it
+When a worker dies, the pool reports it at once with what its status block says it
 was doing; `blame` turns that into the sample it was loading and `gather_evidence` adds what
 the machine says (memory, OOM kills, /dev/shm). If the restart budget allows, a fresh worker
 with the same id (and seed) takes over and re-runs every task the dead one held, in the same
@@ -8,32 +8,30 @@ order, so the caller sees the same batches as without the fault. A sample that k
 worker twice is not tried a third time: it raises, or with ``on_error="skip"`` it is left
 out of its batch and recorded. A task that outlives ``hang_timeout`` has the worker's stack
 dumped, the worker killed and the task retried once; a second hang raises
-`WorkerHangError` with the stack (docs/design/recovery.md). `Recovery` is a mixin of
-`WorkerIterator` (workers.py), which owns the task table.
+`WorkerHangError` with the stack (docs/design/recovery.md). `Recovery` is a collaborator
+of `WorkerIterator` (workers.py), handed the task table; the pool is passed to each call.
+Diagnoses follow the kind of the worker that died (`Died.kind`) and the pool's start
+method, so after ``worker_type="auto"`` hands over, a process is reported as a process.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _system, diagnosis
 from ..engine.events import Died, ServerDied, ServerGone
-from ..engine.fetch import ITERABLE
-from ..engine.pool import WorkerPool
+from ..engine.pool import THREAD, ServerPool, WorkerPool
 from ..engine.status import IDLE, LOADING, STAGES, Progress
 from ..report import RestartReport, RunRecord, SkippedSample
 from .common import flat_indices
-from .tasks import EMPTY, EpochTable, TaskEntry
+from .tasks import TaskEntry, TaskTable
 
 if TYPE_CHECKING:
-    from ..checkpoint import EpochProgress
-    from ..engine.config import WorkerConfig
     from ..memory.sampler import MemorySampler
     from ..options import LoaderOptions
-    from ..start.context import StartInfo
 
 _LOG = logging.getLogger(__name__)
 
@@ -81,54 +79,49 @@ def gather_evidence(
 class Recovery:
     """Replaces dead, hung and over-memory workers without losing or repeating a batch."""
 
-    # Owned by WorkerIterator.
-    _epoch: EpochTable
-    _opts: LoaderOptions
-    _supervisor: WorkerPool | None
-    _threads: bool
-    _num_workers: int
-    _dataset_kind: int
-    _config: WorkerConfig
-    _start_info: StartInfo
-    _memory: MemorySampler
-    _oom_kills: int | None
-    _stale: dict[int, int]
-    _kills: collections.Counter[Any]
-    _hangs: collections.Counter[int]
-    _hung: dict[int, tuple[int, str]]
-    _retiring: dict[int, int]
-    _stream_state: dict[int, bytes]
-    _progress: EpochProgress
-    record: RunRecord
+    def __init__(
+        self, table: TaskTable, opts: LoaderOptions, record: RunRecord, *, stream: bool,
+        stateful_stream: bool, hung: dict[int, tuple[int, str]],
+        stream_state: dict[int, bytes], epoch: Callable[[], int],
+    ) -> None:  # fmt: skip
+        self._table = table
+        self._opts = opts
+        self._record = record
+        self._stream = stream  # an IterableDataset: batches are stream positions
+        self._stateful_stream = stateful_stream  # ... that resumes where a batch ended
+        self._hung = hung  # the watchdog's: worker -> (task id, stack) being killed
+        self._stream_state = stream_state  # the iterator's: worker -> state after its last batch
+        self._epoch = epoch
+        self.memory: MemorySampler | None = None  # the workers' latest memory readings
+        self.retiring: dict[int, int] = {}
+        """worker -> USS that passed max_worker_memory (it said `Retire` and exits)."""
+        self._kills: collections.Counter[Any] = collections.Counter()  # sample -> deaths
+        self._hangs: collections.Counter[int] = collections.Counter()  # task id -> hangs
+        self._oom_kills = _system.cgroup_memory().oom_kills
 
-    if TYPE_CHECKING:  # Outcomes' method: declared, never a stub that could shadow it
-        def _note_arrival(self, task_id: int) -> None: ...
-
-    def _held_by(self, worker_id: int) -> list[tuple[int, TaskEntry]]:
-        return sorted(
-            (tid, t) for tid, t in self._epoch.tasks.items()
-            if t.worker_id == worker_id and not t.has_outcome
-        )
-
-    def _on_died(self, worker_id: int, died: Died) -> None:
-        assert self._supervisor is not None
-        held = self._held_by(worker_id)
-        for tid in [tid for tid, owner in self._stale.items() if owner == worker_id]:
-            del self._stale[tid]  # never answered now; no need to re-run a finished epoch
+    def on_died(self, pool: WorkerPool, worker_id: int, died: Died) -> None:
+        """A worker died: replace it and re-run what it held, or raise why not."""
+        table = self._table
+        held = table.held_by(worker_id)
+        table.forget((worker_id,))  # never answered now; no need to re-run a finished epoch
         held_ids = {tid for tid, _ in held}
-        sample, blamed_task = blame(died.progress, self._epoch.tasks, held_ids)
-        evidence = gather_evidence(died, self._oom_kills, self._memory.last_rss(worker_id))
+        sample, blamed_task = blame(died.progress, table.tasks, held_ids)
+        rss = self.memory.last_rss(worker_id) if self.memory is not None else None
+        evidence = gather_evidence(died, self._oom_kills, rss)
         self._oom_kills = evidence.oom_kills_after
         hung = self._hung.pop(worker_id, None)
-        retired_uss = self._retiring.pop(worker_id, None)
-        stream = self._dataset_kind == ITERABLE
+        retired_uss = self.retiring.pop(worker_id, None)
+        stream = self._stream
         flat = [] if stream else [i for _, t in held for i in flat_indices(t.indices)]
+        # The kind of the worker that died, not the pool's now: after auto's hand-over a
+        # thread may still die while processes run, and the reverse.
+        method = None if died.kind == THREAD else pool.start_method
 
         def error(outcome: str) -> BaseException:
             return diagnosis.worker_died(
                 worker_id=worker_id, pid=died.pid, exitcode=died.exitcode,
                 sample_indices=flat, batches_held=len(held),
-                start_method=self._start_info.method, evidence=evidence, sample=sample,
+                start_method=method or THREAD, evidence=evidence, sample=sample,
                 outcome=outcome, stream_batches=[t.ordinal for _, t in held] if stream else (),
             )
 
@@ -137,9 +130,9 @@ class Recovery:
                 f"used {_system.gib(retired_uss)} (above max_worker_memory="
                 f"{_system.gib(self._opts.max_worker_memory_bytes)})"
             )
-            self._replace(worker_id, died, held, cause, None, budget=False)
+            self._replace(pool, worker_id, died, held, cause, None, budget=False)
             return
-        if stream and not self._config.stateful_stream:
+        if stream and not self._stateful_stream:
             raise error(
                 "steadyload did not restart it: an IterableDataset's stream cannot be "
                 "replayed, so the batches it held would be lost. A dataset with "
@@ -148,17 +141,17 @@ class Recovery:
         if hung is not None:
             task_id, stack = hung
             self._hangs[task_id] += 1
-            if self._hangs[task_id] >= 2 or self._epoch.restarts >= self._opts.max_restarts:
-                task = self._epoch.tasks.get(task_id)
+            if self._hangs[task_id] >= 2 or table.restarts >= self._opts.max_restarts:
+                task = table.tasks.get(task_id)
                 raise diagnosis.worker_hung(
                     worker_id=worker_id, pid=died.pid, hang_timeout_s=self._opts.hang_timeout,
                     sample=sample, sample_indices=flat_indices(task.indices) if task else [],
-                    stack=stack, times=self._hangs[task_id], thread=self._threads,
+                    stack=stack, times=self._hangs[task_id], thread=died.kind == THREAD,
                 )
             cause = f"hung for more than hang_timeout={self._opts.hang_timeout} s"
-            self._replace(worker_id, died, held, cause, sample, budget=True)
+            self._replace(pool, worker_id, died, held, cause, sample, budget=True)
             return
-        if self._epoch.restarts >= self._opts.max_restarts:
+        if table.restarts >= self._opts.max_restarts:
             raise error(
                 f"steadyload did not restart it: max_restarts={self._opts.max_restarts} "
                 "restarts were already used in this epoch."
@@ -179,11 +172,11 @@ class Recovery:
             self._skip_killer(blamed_task, sample, died)
         name = diagnosis.signal_name(died.exitcode)
         cause = f"killed by {name}" if name else f"exited with status {died.exitcode}"
-        self._replace(worker_id, died, held, cause, sample, budget=True, log=error(""))
+        self._replace(pool, worker_id, died, held, cause, sample, budget=True, log=error(""))
 
     def _skip_killer(self, task_id: int | None, sample: Any, died: Died) -> None:
-        task = self._epoch.tasks.get(task_id) if task_id is not None else None
-        if task is None:
+        task = self._table.tasks.get(task_id) if task_id is not None else None
+        if task is None or task_id is None:
             return
         name = diagnosis.signal_name(died.exitcode) or f"exit status {died.exitcode}"
         reason = f"killed the worker twice ({name})"
@@ -192,60 +185,58 @@ class Recovery:
             skipped = [sample]
         else:
             skipped = flat_indices(task.indices)
-            task.outcome, task.has_outcome = EMPTY, True
-            self._epoch.outstanding -= 1
-            self._note_arrival(task_id)  # type: ignore[arg-type]  # not None here
+            self._table.skip(task_id)
         for index in skipped:
             _LOG.warning("skipped sample %r: it %s", index, reason)
-            self.record.skipped.append(SkippedSample(index, "WorkerDied", reason))
+            self._record.skipped.append(SkippedSample(index, "WorkerDied", reason))
 
     def _replace(
-        self, worker_id: int, died: Died, held: list[tuple[int, TaskEntry]], cause: str,
-        sample: Any, *, budget: bool, log: BaseException | None = None,
-    ) -> None:
-        assert self._supervisor is not None
+        self, pool: WorkerPool, worker_id: int, died: Died, held: list[tuple[int, TaskEntry]],
+        cause: str, sample: Any, *, budget: bool, log: BaseException | None = None,
+    ) -> None:  # fmt: skip
         if budget:
-            self._epoch.restarts += 1
+            self._table.restarts += 1
         rerun = [(tid, t) for tid, t in held if not t.has_outcome]
         _LOG.info(
             "%s\nsteadyload started a replacement worker %d%s; the %d batch%s it held %s "
             "re-run in order.",
             log if log is not None else f"worker {worker_id} (pid {died.pid}) {cause}.",
             worker_id,
-            f" (restart {self._epoch.restarts} of {self._opts.max_restarts} this epoch)"
+            f" (restart {self._table.restarts} of {self._opts.max_restarts} this epoch)"
             if budget else "",
             len(rerun), "" if len(rerun) == 1 else "es", "is" if len(rerun) == 1 else "are",
         )
-        self.record.restarts.append(RestartReport(worker_id, died.pid, cause, sample, len(rerun)))
-        self._restart_worker(worker_id)
+        self._record.restarts.append(RestartReport(worker_id, died.pid, cause, sample, len(rerun)))
+        self._restart_worker(pool, worker_id)
 
-    def _restart_worker(self, worker_id: int) -> None:
-        """A fresh process for ``worker_id``, given the tasks it held, in order."""
-        assert self._supervisor is not None
+    def _restart_worker(self, pool: WorkerPool, worker_id: int) -> None:
+        """A fresh worker for ``worker_id``, given the tasks it held, in order."""
         try:
-            self._supervisor.respawn(worker_id)
+            pool.respawn(worker_id)
         except ServerGone as gone:  # the fork server died under the respawn
-            self._on_server_died(gone.event, also=(worker_id,))
+            self.on_server_died(pool, gone.event, also=(worker_id,))
             return
         if worker_id in self._stream_state:
-            self._supervisor.send_restore(worker_id, self._stream_state[worker_id])
-        for tid, task in self._held_by(worker_id):
-            self._supervisor.send_task(worker_id, tid, task.indices, self._progress.epoch)
+            pool.send_restore(worker_id, self._stream_state[worker_id])
+        for tid, task in self._table.held_by(worker_id):
+            pool.send_task(worker_id, tid, task.indices, self._epoch())
 
-    def _on_server_died(self, died: ServerDied, also: tuple[int, ...] = ()) -> None:
+    def on_server_died(
+        self, pool: WorkerPool, died: ServerDied, also: tuple[int, ...] = ()
+    ) -> None:
         """The fork server died with its workers: one event, one restart, no sample blamed.
 
         Every worker it took (and ``also``, a worker whose respawn it broke) is started
         again from a new server, with the same preloads, and re-runs its tasks in order.
         """
-        assert self._supervisor is not None
+        table = self._table
         workers = sorted({w for w, _, _ in died.workers} | set(also))
-        held = {w: self._held_by(w) for w in workers}
+        held = {w: table.held_by(w) for w in workers}
         batches = sum(len(h) for h in held.values())
         for w in workers:
             self._hung.pop(w, None)
-            self._retiring.pop(w, None)
-        self._stale = {t: w for t, w in self._stale.items() if w not in workers}
+            self.retiring.pop(w, None)
+        table.forget(workers)
 
         def error(outcome: str) -> BaseException:
             return diagnosis.server_died(
@@ -254,28 +245,33 @@ class Recovery:
                 outcome=outcome,
             )
 
-        if self._dataset_kind == ITERABLE and not self._config.stateful_stream:
+        if self._stream and not self._stateful_stream:
             raise error(
                 "steadyload did not restart them: an IterableDataset's stream cannot be "
                 "replayed, so the batches they held would be lost."
             )
-        if self._epoch.restarts >= self._opts.max_restarts:
+        if table.restarts >= self._opts.max_restarts:
             raise error(
                 f"steadyload did not restart them: max_restarts={self._opts.max_restarts} "
                 "restarts were already used in this epoch."
             )
-        self._epoch.restarts += 1  # one event, one restart
-        preload = self._supervisor.restart_server(died)
+        if not isinstance(pool, ServerPool):
+            raise RuntimeError(
+                f"[steadyload internal error] a fork server died under a {pool.kind} pool; "
+                "please report with the output of `steadyload doctor`"
+            )
+        table.restarts += 1  # one event, one restart
+        preload = pool.restart_server(died)
         if preload:
-            self.record.preload = preload
+            self._record.preload = preload
         name = diagnosis.signal_name(died.exitcode)
         cause = f"the {died.method} died ({name or f'exit status {died.exitcode}'})"
         _LOG.info(
             "%s\nsteadyload started a new %s and %d replacement worker(s) (restart %d of %d "
             "this epoch); the %d batch(es) they held are re-run in order.",
-            error(""), died.method, len(workers), self._epoch.restarts,
+            error(""), died.method, len(workers), table.restarts,
             self._opts.max_restarts, batches,
         )
-        self.record.restarts.append(RestartReport(-1, died.pid, cause, None, batches))
+        self._record.restarts.append(RestartReport(-1, died.pid, cause, None, batches))
         for w in workers:
-            self._restart_worker(w)
+            self._restart_worker(pool, w)

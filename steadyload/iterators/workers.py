@@ -1,45 +1,41 @@
-"""The multi-worker iterator: torch's dispatch order over supervised worker processes.
+"""The multi-worker iterator: torch's dispatch order over a pool of supervised workers.
 
 Dispatch is torch's (round-robin over active workers, ``prefetch_factor`` tasks per worker,
 yield in task order), so a worker sees the same samples in the same order as under torch
-and random values drawn inside ``__getitem__`` match too. The task table is `tasks.py`;
-recovery from dead, hung and over-memory workers is the `Recovery` mixin (`recovery.py`);
-checkpoint bookkeeping is `checkpoint.EpochProgress`.
+and random values drawn inside ``__getitem__`` match too. The iterator drives any kind of
+worker through the pool protocol (engine/pool.py), and hands its collaborators the task
+table (`tasks.TaskTable`): `Outcomes` applies the pool's events, `Recovery` replaces dead,
+hung and over-memory workers, `Watchdog` finds hangs and lost results; checkpoint
+bookkeeping is `checkpoint.EpochProgress`.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import logging
-import multiprocessing.context
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from torch.utils.data import DataLoader
 from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from .. import _system, diagnosis
+from .. import diagnosis
 from ..checkpoint import Checkpoints, EpochProgress
 from ..engine import interrupts
 from ..engine.config import WorkerConfig
-from ..engine.events import ServerGone
+from ..engine.factory import PoolPlan, make_pool
 from ..engine.fetch import ITERABLE
-from ..engine.handover import HandoverPool
 from ..engine.interrupts import held_interrupts
 from ..engine.pool import WorkerPool
-from ..engine.supervisor import Supervisor
-from ..engine.threads import ThreadSupervisor
 from ..epoch_order import stateful
 from ..memory.sampler import MemorySampler
 from ..options import LoaderOptions
 from ..report import RunRecord
 from ..start import guards
-from ..start.context import THREAD, StartInfo
 from .common import (
     DatasetError,
     EmptyBatches,
@@ -51,36 +47,32 @@ from .common import (
 from .hangs import Watchdog
 from .outcomes import Outcomes
 from .recovery import Recovery
-from .tasks import EMPTY, EpochTable, TaskEntry
+from .tasks import EMPTY, TaskEntry, TaskTable
 
 _LOG = logging.getLogger(__name__)
 
 
-class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIter):
-    """num_workers>0: batches from steadyload's supervised worker processes."""
+class WorkerIterator(TimedNext, _BaseDataLoaderIter):
+    """num_workers>0: batches from steadyload's supervised workers (any kind)."""
 
     def __init__(
         self,
         loader: DataLoader[Any],
         options: LoaderOptions,
-        start: tuple[multiprocessing.context.BaseContext | None, StartInfo],
+        plan: PoolPlan,
         checkpoints: Checkpoints,
-        processes: Callable[[], tuple[Any, StartInfo]] | None = None,
     ) -> None:
         super().__init__(loader)
         self._prefetch_factor: int = loader.prefetch_factor or 2
         self._in_order = loader.in_order
         self._opts = options
         self._checkpoints = checkpoints
-        self._ctx, self._start_info = start
+        self._plan = plan
         refuse_datapipes(self._dataset)
-        self._threads = self._start_info.method == THREAD
-        self._processes = processes  # "auto": threads first, these when the work needs them
-        if not self._threads:
-            guards.check_process_start(self._dataset, self._num_workers, self._start_info.method)
-        self._checked_in_flight = False
+        if plan.start_method is not None:  # processes start now
+            guards.check_process_start(self._dataset, self._num_workers, plan.start_method)
         checkpoints.apply_base_seed(loader, self)  # before the workers are configured with it
-        self.record = RunRecord(self._start_info.method, self._start_info.preload)
+        self.record = RunRecord(plan.kind, plan.start_method, plan.preload)
         self._config = WorkerConfig(
             dataset_kind=self._dataset_kind,
             dataset=self._dataset,
@@ -90,7 +82,7 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
             base_seed=int(self._base_seed),
             worker_init_fn=loader.worker_init_fn,
             num_workers=self._num_workers,
-            preload=self._start_info.preload,
+            preload=plan.preload,
             skip_errors=self._opts.on_error == "skip",
             max_memory_bytes=self._opts.max_worker_memory_bytes,
             stateful_stream=self._dataset_kind == ITERABLE and stateful(self._dataset),
@@ -98,21 +90,22 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         )
         self._stream_state: dict[int, bytes] = {}  # worker -> state after its last batch
         self._empty = EmptyBatches(self._collate_fn)
-        self._supervisor: WorkerPool | None = None
+        self._pool: WorkerPool | None = None
         self._error: BaseException | None = None
-        self._next_task_id = 0
-        self._stale: dict[int, int] = {}  # task id -> worker, for tasks of abandoned epochs
-        self._arrived: collections.deque[int] = collections.deque()
-        self._epoch = EpochTable()
-        self._active = [True] * self._num_workers
-        self._per_worker = [0] * self._num_workers
+        self._table = TaskTable(self._num_workers, in_order=self._in_order)
         self._cycle = itertools.cycle(range(self._num_workers))
-        self._kills: collections.Counter[Any] = collections.Counter()  # sample -> deaths
-        self._hangs: collections.Counter[int] = collections.Counter()  # task id -> hangs
-        self._hung: dict[int, tuple[int, str]] = {}  # worker -> (task id, stack) being killed
-        self._retiring: dict[int, int] = {}  # worker -> USS that passed max_worker_memory
         self._guard = SkipGuard()
-        self._oom_kills = _system.cgroup_memory().oom_kills
+        self._watchdog = Watchdog(self._table, options.hang_timeout, self._num_workers)
+        self._recovery = Recovery(
+            self._table, options, self.record, stream=self._dataset_kind == ITERABLE,
+            stateful_stream=self._config.stateful_stream, hung=self._watchdog.hung,
+            stream_state=self._stream_state, epoch=lambda: self._progress.epoch,
+        )  # fmt: skip
+        self._outcomes = Outcomes(
+            self._table, self.record, self._recovery, guard=self._guard, empty=self._empty,
+            stream_state=self._stream_state,
+            in_flight=(self._prefetch_factor, self._num_workers), dispatch=self._try_put_index,
+        )  # fmt: skip
         self._stash: tuple[Any, TaskEntry] | None = None  # a batch held back by Ctrl-C
         self._handing: tuple[Any, TaskEntry, tuple[Any, int | None]] | None = None
         self._views: Sequence[Any] = []  # WorkerView or ThreadView (or None), by worker id
@@ -123,46 +116,32 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
     # -- lifecycle ---------------------------------------------------------------------------
     def _start_workers(self) -> None:
         started = time.monotonic()
-        supervisor: WorkerPool
-        if self._processes is not None:
-            checks = functools.partial(guards.check_process_start, self._dataset, self._num_workers)
-            supervisor = HandoverPool(self._config, self._num_workers, self._processes, checks)
-            supervisor.start()
-        elif self._threads or self._ctx is None:
-            supervisor = ThreadSupervisor(self._config, self._num_workers)
-            supervisor.start()
-        else:
-            supervisor = Supervisor(self._ctx, self._config, self._num_workers)
-            try:
-                supervisor.start()
-            except ServerGone as gone:  # found dead at the start: one restart, then as usual
-                supervisor.restart_server(gone.event)
-                supervisor = Supervisor(self._ctx, self._config, self._num_workers)
-                supervisor.start()
-        self._supervisor = supervisor
-        self._views = supervisor.views
+        checks = functools.partial(guards.check_process_start, self._dataset, self._num_workers)
+        pool = make_pool(self._plan, self._config, self._num_workers, checks)
+        self._pool = pool
+        self._views = pool.views
         if not self._attached:  # Ctrl-C held at safe points for this iterator's life
             self._attached = True
             interrupts.attach()
-        self._memory = MemorySampler(supervisor.pids)
+        self._memory = self._recovery.memory = MemorySampler(pool.pids)
         self.record.memory = self._memory.snapshot
         _LOG.debug(
-            "started %d workers with %s in %.3f s",
-            self._num_workers, self._start_info.method, time.monotonic() - started,
+            "started %d %s workers (%s) in %.3f s", self._num_workers, self._plan.kind,
+            pool.start_method, time.monotonic() - started,
         )  # fmt: skip
 
     def _shutdown_workers(self) -> None:
         memory = getattr(self, "_memory", None)
         if memory is not None:
             memory.stop()
-        supervisor = self._supervisor
+        pool = self._pool
         try:
-            if supervisor is not None:
-                supervisor.shutdown()  # a held Ctrl-C is raised once it has finished
+            if pool is not None:
+                pool.shutdown()  # a held Ctrl-C is raised once it has finished
         finally:
-            if supervisor is not None and supervisor.stopped:
-                self._supervisor = None
-            if self._attached and self._supervisor is None:
+            if pool is not None and pool.stopped:
+                self._pool = None
+            if self._attached and self._pool is None:
                 self._attached = False
                 interrupts.detach()
 
@@ -175,7 +154,7 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
     def __del__(self) -> None:
         if sys.is_finalizing():  # globals are gone; process workers have their own finalizer
             return
-        if getattr(self, "_supervisor", None) is not None or getattr(self, "_attached", False):
+        if getattr(self, "_pool", None) is not None or getattr(self, "_attached", False):
             self._shutdown_workers()  # (__init__ may have failed half-way)
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
@@ -186,22 +165,15 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         super()._reset(loader, first_iter)
         self._stash = self._handing = None  # a batch held back by Ctrl-C was last epoch's
         self._progress: EpochProgress = self._checkpoints.begin_epoch(loader, self)
-        if self._supervisor is None:
+        if self._pool is None:
             # Persistent workers that were stopped by an error: start afresh.
             self._error = None
-            self._stale.clear()
-            self._epoch.tasks.clear()
+            self._table.clear()
             self._start_workers()
         elif not first_iter:
-            self._supervisor.send_reset()
+            self._pool.send_reset()
         # Tasks still in flight from the last epoch are discarded when they arrive.
-        self._stale.update(
-            {tid: t.worker_id for tid, t in self._epoch.tasks.items() if not t.has_outcome}
-        )
-        self._epoch = EpochTable(rcvd=self._next_task_id)
-        self._arrived.clear()
-        self._active = [True] * self._num_workers
-        self._per_worker = [0] * self._num_workers
+        self._table.new_epoch()
         self._cycle = itertools.cycle(range(self._num_workers))
         self._stream_state.clear()  # each epoch's streams start afresh (Reset)
         if self._progress.resume_streams is not None:
@@ -212,9 +184,9 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
     def _resume_streams(self, resume: dict[str, Any]) -> None:
         """Resume each worker's stream where its last yielded batch ended (checkpoint.py)."""
         self._progress.resume_streams = None
-        assert self._supervisor is not None
+        assert self._pool is not None
         for worker_id, blob in resume["workers"].items():
-            self._supervisor.send_restore(worker_id, blob)
+            self._pool.send_restore(worker_id, blob)
             self._stream_state[worker_id] = self._progress.streams[worker_id] = blob
         last = resume["last_worker"]
         if last is not None:
@@ -226,9 +198,9 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
     def _try_put_index(self, force: bool = False) -> bool:
         # torch's policy, kept exactly: see _MultiProcessingDataLoaderIter._try_put_index.
         # ``force``: one task beyond the window (to find a batch's structure, see _deliver).
-        epoch = self._epoch
+        table = self._table
         max_tasks = self._prefetch_factor * self._num_workers
-        if (epoch.outstanding >= max_tasks and not force) or self._supervisor is None:
+        if (table.outstanding >= max_tasks and not force) or self._pool is None:
             return False
         try:
             index = self._next_index()
@@ -236,24 +208,20 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
             return False
         for _ in range(self._num_workers):
             worker_id = next(self._cycle)
-            if self._active[worker_id]:
+            if table.active[worker_id]:
                 if self._in_order or force:
                     break
-                if self._per_worker[worker_id] < max_tasks // sum(self._active):
+                if table.load[worker_id] < max_tasks // sum(table.active):
                     break
         else:
             return False
-        task_id = self._next_task_id
-        self._next_task_id += 1
-        epoch.tasks[task_id] = TaskEntry(worker_id, index, self._sampler_iter.ordinal)
-        self._per_worker[worker_id] += 1
-        epoch.outstanding += 1
-        self._supervisor.send_task(worker_id, task_id, index, self._progress.epoch)
+        task_id = table.add(worker_id, index, self._sampler_iter.ordinal)
+        self._pool.send_task(worker_id, task_id, index, self._progress.epoch)
         return True
 
     # -- results -----------------------------------------------------------------------------
     def _next_data_timed(self) -> Any:
-        if self._supervisor is not None and not self._supervisor.running:
+        if self._pool is not None and not self._pool.running:
             self._shutdown_workers()  # finish a teardown that was interrupted
         if self._error is not None:
             # Never resume silently after a fatal error: the lost batches would go unnoticed.
@@ -287,15 +255,15 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
             del failure
 
     def _next_data_inner(self) -> tuple[Any, TaskEntry]:
-        epoch = self._epoch
+        table = self._table
         while True:
-            while epoch.rcvd < self._next_task_id:
-                task = epoch.tasks.get(epoch.rcvd)
+            while table.rcvd < table.next_id:
+                task = table.tasks.get(table.rcvd)
                 if task is not None:
-                    if task.has_outcome or self._active[task.worker_id]:
+                    if task.has_outcome or table.active[task.worker_id]:
                         break
-                    del epoch.tasks[epoch.rcvd]  # its worker's stream ended first
-                epoch.rcvd += 1
+                    table.drop(table.rcvd)  # its worker's stream ended first
+                table.rcvd += 1
             else:
                 for warning in self._memory.end_epoch():
                     _LOG.warning(warning)
@@ -303,24 +271,24 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
                     self._shutdown_workers()
                 self._progress.finished = True
                 raise StopIteration
-            task = epoch.tasks[epoch.rcvd]
+            task = table.tasks[table.rcvd]
             if task.has_outcome and self._can_deliver(task):
-                del epoch.tasks[epoch.rcvd]
-                epoch.rcvd += 1
+                table.yielded(table.rcvd)
+                table.rcvd += 1
                 return self._deliver(task), task
-            while self._arrived:  # in_order=False: whatever came first
-                tid = self._arrived[0]
-                early = epoch.tasks.get(tid)
+            arrived = table.arrived
+            while arrived:  # in_order=False: whatever came first
+                early = table.tasks.get(arrived[0])
                 if early is not None and not self._can_deliver(early):
                     break
-                self._arrived.popleft()
+                tid = arrived.popleft()
                 if early is not None:
-                    del epoch.tasks[tid]
+                    table.yielded(tid)
                     return self._deliver(early), early
-            if epoch.outstanding == 0 and not self._try_put_index(force=True):
+            if table.outstanding == 0 and not self._try_put_index(force=True):
                 # Only batches whose every sample was skipped, and nothing left to load.
                 raise self._guard.nothing_loaded()
-            self._collect(epoch.rcvd)
+            self._collect(table.rcvd)
 
     def _can_deliver(self, task: TaskEntry) -> bool:
         # A batch whose samples were all skipped is yielded empty, shaped like one that
@@ -329,9 +297,9 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
 
     def _deliver(self, task: TaskEntry) -> Any:
         if task.outcome is EMPTY:
-            self._release(task)
+            self._try_put_index()
             return self._empty.make()
-        return self._process(task)
+        return self._deliver_data(task)
 
     def _commit(self, task: TaskEntry) -> tuple[Any, int | None]:
         """The batch of ``task`` is handed to the caller: it counts as yielded. Returns what
@@ -360,41 +328,37 @@ class WorkerIterator(TimedNext, Outcomes, Recovery, Watchdog, _BaseDataLoaderIte
         self._stash = (data, task)
 
     def _collect(self, awaited: int) -> None:
-        """Wait for worker events (or a hang) and record them in the task table."""
-        assert self._supervisor is not None
+        """Wait for pool events (or a hang) and record them in the task table."""
+        pool, watchdog = self._pool, self._watchdog
+        assert pool is not None
         timeout = self._timeout if self._timeout > 0 else None
         deadline = time.monotonic() + timeout if timeout else None
         while True:
-            wakes = [deadline, self._next_hang_deadline(), self._next_lost_check()]
+            wakes = [deadline, watchdog.next_hang_deadline(pool), watchdog.next_lost_check()]
             wake = min((w for w in wakes if w is not None), default=None)
             remaining = None if wake is None else max(0.0, wake - time.monotonic())
-            events = self._supervisor.wait(remaining)  # Ctrl-C goes through in its wait
+            events = pool.wait(remaining)  # Ctrl-C goes through in its wait
             if events:
                 break
-            self._check_hangs()
-            self._check_lost_results()
+            watchdog.check_hangs(pool)
+            watchdog.check_lost_results(pool)
             if deadline is not None and time.monotonic() >= deadline:
-                task = self._epoch.tasks.get(awaited)
+                task = self._table.tasks.get(awaited)
                 worker_id = task.worker_id if task else None
                 raise diagnosis.timed_out(
                     timeout_s=self._timeout,
                     worker_id=worker_id,
-                    pid=self._supervisor.pid(worker_id) if worker_id is not None else None,
+                    pid=pool.pid(worker_id) if worker_id is not None else None,
                     sample_indices=flat_indices(task.indices) if task else [],
                 )
         for worker_id, event in events:
-            self._on_event(worker_id, event)
+            self._outcomes.on_event(pool, worker_id, event)
 
-    def _release(self, task: TaskEntry) -> None:
-        self._per_worker[task.worker_id] -= 1
+    def _deliver_data(self, task: TaskEntry) -> Any:
         self._try_put_index()
-
-    def _process(self, task: TaskEntry) -> Any:
-        self._release(task)
         if task.failed:
             raise DatasetError(task.outcome)
         data = task.outcome
         if self._pin_memory:
             data = _pin_memory(data, self._pin_memory_device)
         return data
-

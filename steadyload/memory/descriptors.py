@@ -3,7 +3,7 @@
 CPython's fork server takes at most ~250 descriptors with a process start (its
 ``MAXFDS_TO_SEND``, and the kernel's 253 per message), and each `SharedList` is one. So
 while a worker's arguments are pickled (`collecting`), shared lists put their descriptor in
-a table and pickle only its index; the supervisor sends the table on the worker's own
+a table and pickle only its index; the pool sends the table on the worker's own
 socket, in as many messages as it takes, and the worker installs it (`install`) before it
 unpickles its arguments. Any number of shared lists then works, whatever the start method.
 """

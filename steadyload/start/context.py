@@ -31,18 +31,10 @@ class StartInfo:
     """What `resolve_context` decided, kept for reports and error messages."""
 
     method: str
-    """The start method the workers use: "fork", "spawn", "forkserver" or "zygote"; "thread"
-    for thread workers."""
+    """The start method the workers use: "fork", "spawn", "forkserver" or "zygote"."""
     preload: tuple[str, ...]
     """Modules the fork server was asked to import by steadyload (empty: none, or the
     server was started by someone else)."""
-
-
-THREAD = "thread"  # StartInfo.method of thread workers (worker_type="thread"): nothing starts
-
-
-THREAD_START: tuple[None, StartInfo] = (None, StartInfo(THREAD, ()))
-"""How thread workers "start": no context, nothing preloaded."""
 
 
 def default_method() -> str:

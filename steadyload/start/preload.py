@@ -18,7 +18,7 @@ from multiprocessing import forkserver
 _LOG = logging.getLogger(__name__)
 
 # Imported by every worker: preloading it in the fork server makes a worker start a fork.
-ALWAYS_PRELOAD = ("torch", "steadyload.engine.worker")
+ALWAYS_PRELOAD = ("torch", "steadyload.engine.process.worker")
 PROBE = "steadyload.start.server_hooks.probe"  # last: records what the server imported
 # Just before it: gc.freeze() once the imports are done, so that collections in workers do
 # not un-share the server's pages (35 MiB per worker after one full collection, measured).

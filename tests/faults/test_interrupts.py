@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import steadyload as sl
-from steadyload.engine import handles
-from steadyload.engine.supervisor import Supervisor
+from steadyload.engine.process import handles
+from steadyload.engine.process.pool import Supervisor
 from steadyload.iterators.workers import WorkerIterator
 from tests.adversarial import Hog
 from tests.conftest import processes_gone, wait_until

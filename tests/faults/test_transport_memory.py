@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import steadyload as sl
-from steadyload.engine import transport
+from steadyload.engine.transport import segments as transport
 from tests.adversarial import (
     Aliased,
     ImageAndRaw,
@@ -60,7 +60,7 @@ def in_shared_memory(t: torch.Tensor) -> bool:
 
 
 def maps_of(it: Any) -> list[transport.SegmentMap]:
-    return [h.segments for h in it._supervisor._handles if h is not None]
+    return [h.segments for h in it._pool._handles if h is not None]
 
 
 def test_kept_labels_cost_their_own_bytes_and_dropped_batches_stay_zero_copy() -> None:
@@ -146,7 +146,7 @@ def test_worker_descriptors_stay_bounded_whatever_is_kept() -> None:
     loader = sl.DataLoader(Rows(), batch_size=1, num_workers=1)  # 256 KiB batches
     it = iter(loader)
     kept = [next(it)]
-    pid = it._supervisor._handles[0].pid
+    pid = it._pool._handles[0].pid
 
     def worker_segments() -> int:
         count = 0

@@ -121,7 +121,7 @@ def test_through_rays_wrapper_report_and_state_dict_count_what_the_loop_received
 
     wrapper = prepared()
     full = list(wrapper)
-    assert len(full) == 7 and wrapper.report().start_method == "in-process"
+    assert len(full) == 7 and wrapper.report().worker_kind == "in-process"
     assert wrapper.state_dict()["finished"]  # an end-of-epoch checkpoint starts the next one
     states = []
     interrupted = prepared()

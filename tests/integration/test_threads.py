@@ -64,7 +64,7 @@ def test_iterable_replicas_are_sharded_per_thread_and_persistent_epochs_repeat()
                                                                   num_workers=3)]
     for _ in range(2):
         assert [b["i"].tolist() for b in loader] == want
-    assert loader.report().start_method == "thread"
+    assert loader.report().worker_kind == "thread"
 
 
 class WhoLoads(Dataset[Any]):
@@ -260,11 +260,11 @@ def test_report_shows_each_thread() -> None:
     loader = sl.DataLoader(MapDS(40), batch_size=4, num_workers=2, worker_type="thread")
     list(loader)
     report = loader.report()
-    assert report.start_method == "thread" and report.batches == 10
+    assert report.worker_kind == "thread" and report.batches == 10
     assert [w.worker_id for w in report.workers] == [0, 1]
     assert sum(w.samples for w in report.workers) == 40
     assert all(w.busy_share is not None and w.samples_per_s for w in report.workers)
-    assert "start method thread" in str(report)
+    assert "steadyload loader report: thread workers" in str(report)
 
 
 def test_threads_cannot_take_a_memory_cap() -> None:
@@ -303,7 +303,7 @@ def test_auto_keeps_threads_where_they_overlap() -> None:
     want = [b.tolist() for b in torch.utils.data.DataLoader(Waits(160), batch_size=4)]
     assert [b.tolist() for b in loader] == want
     report = loader.report()
-    assert report.start_method == "thread"
+    assert report.worker_kind == "thread"
     assert (report.worker_type_choice or "").startswith(
         "worker_type='auto' chose thread workers: while 2 thread workers loaded ")
     assert "the GIL was mostly free, so threads load in parallel" in str(report)
@@ -377,7 +377,7 @@ def test_auto_keeps_cheap_samples_on_threads_when_each_task_is_one_sample() -> N
     choice = report.worker_type_choice or ""
     # Which of the rule's lines kept it there (cheap tasks; on a loaded machine the samples
     # may cost past CHEAP_SAMPLE_S) is test_worker_choice's; here: threads, as chosen.
-    assert report.start_method == "thread", choice
+    assert report.worker_kind == "thread", choice
     assert choice.startswith("worker_type='auto' chose thread workers: "), choice
 
 
@@ -418,7 +418,7 @@ def test_auto_never_starts_a_stream_on_threads_and_an_explicit_choice_wins() -> 
     assert "an IterableDataset's stream cannot move" in (loader.report().worker_type_choice or "")
     explicit = sl.DataLoader(PurePython(8), batch_size=4, num_workers=2, worker_type="thread")
     list(explicit)
-    assert explicit.report().start_method == "thread"
+    assert explicit.report().worker_kind == "thread"
     assert explicit.report().worker_type_choice is None
 
 

@@ -21,7 +21,7 @@ LAYERS = [
     "steadyload.integrations",
     "steadyload.loader",
     "steadyload.rebuild_watch",
-    "steadyload.tuning",
+    "steadyload.worker_count",
     "steadyload.iterators",
     "steadyload.options",
     "steadyload.checkpoint",

@@ -16,10 +16,11 @@ from torch.utils.data import default_collate
 from torch.utils.data._utils import worker as torch_worker
 
 import steadyload
-from steadyload.engine import arena as arena_module
-from steadyload.engine import channel, storage_table, transport
 from steadyload.engine.protocol import NewSegment
-from steadyload.engine.transport import Arena, SegmentMap
+from steadyload.engine.transport import arena as arena_module
+from steadyload.engine.transport import channel, storage_table
+from steadyload.engine.transport import segments as transport
+from steadyload.engine.transport.segments import Arena, SegmentMap
 
 pytestmark = pytest.mark.skipif(not transport.HAVE_MEMFD, reason="memfd is Linux-only")
 

@@ -73,7 +73,7 @@ class _Held:
 class SegmentMap:
     """The parent's mappings of one worker process's segments, and what still lives in them.
 
-    One thread (the supervisor's) calls every method; storages die in any thread, and their
+    One thread (the pool's) calls every method; storages die in any thread, and their
     finalizers only queue the event until `drain_freed` (after `close`, they settle it).
     """
 

@@ -1,8 +1,8 @@
 """``worker_type="auto"``: thread workers at once, process workers when the work needs them.
 
-A `HandoverPool` is one `WorkerPool` over two: a `ThreadSupervisor`, started at once (the
+A `HandoverPool` is one `WorkerPool` over two: a `ThreadPool`, started at once (the
 first batch in milliseconds, no fork server to wait for), and, when the measurement says
-the work holds the GIL (worker_choice.py), a process `Supervisor`, started by a helper
+the work holds the GIL (worker_choice.py), a process `ProcessPool`, started by a helper
 thread so that the fork server's imports (about a second for torch) overlap with the
 threads still loading. The hand-over is per task, so it needs no pause and loses nothing:
 
@@ -15,8 +15,8 @@ threads still loading. The hand-over is per task, so it needs no pause and loses
   thread's; then the process's. When no thread holds a task, the threads are stopped.
 - A hung thread's replacement is the process of its id once that exists.
 
-The helper thread only runs `Supervisor.start`; the iterating thread takes the supervisor
-over once the helper has finished (one owner at a time, as `Supervisor` requires). If the
+The helper thread only runs `ProcessPool.start`; the iterating thread takes the pool
+over once the helper has finished (one owner at a time, as `ProcessPool` requires). If the
 processes cannot start (a dataset that does not pickle, a start that fails), the loader
 stays on threads and says why.
 """
@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from .config import WorkerConfig
-from .events import Died, GlobalRngDrawn, Received, WorkersChosen
-from .protocol import Empty, Exhausted, Failed
-from .status import Progress
-from .supervisor import Supervisor
-from .threads import ThreadSupervisor
-from .worker_choice import GilProbe, WorkerChoice, chose, live_choice
+from ..config import WorkerConfig
+from ..events import Died, GlobalRngDrawn, Received, ServerDied, WorkersChosen
+from ..pool import PROCESS, THREAD, Kind, wait_any
+from ..process.pool import ProcessPool
+from ..protocol import Empty, Exhausted, Failed
+from ..status import Progress
+from ..thread.pool import ThreadPool
+from .worker_kind import GilProbe, WorkerChoice, chose, live_choice
 
 _LOG = logging.getLogger(__name__)
 _OUTCOMES = (Received, Failed, Empty, Exhausted)
@@ -72,14 +73,14 @@ class HandoverPool:
         self._num_workers = num_workers
         self._processes = processes  # the start context, resolved only if processes are needed
         self._prepare = prepare  # the checks a process start needs, given its method
-        self._threads = ThreadSupervisor(config, num_workers)
-        self._procs: Supervisor | None = None
+        self._threads = ThreadPool(config, num_workers)
+        self._procs: ProcessPool | None = None
         self._helper: threading.Thread | None = None
-        self._started: Supervisor | None = None  # set by the helper once its start succeeded
+        self._started: ProcessPool | None = None  # set by the helper once its start succeeded
         self._start_error: BaseException | None = None
         self._lock = threading.Lock()  # between the helper's result and `shutdown`
         self._closing = False
-        self._method, self._preload = "thread", ()
+        self._method, self._preload = "", ()  # of the processes, once chosen
         self._held = [0] * num_workers  # tasks each thread holds
         self._thread_died: set[int] = set()  # ids whose latest death was their thread's
         self._choice: WorkerChoice | None = None
@@ -87,6 +88,21 @@ class HandoverPool:
         self._announce: list[tuple[int, object]] = []  # WorkersChosen, for the next wait
         self.views = _LiveViews(self)
         self.running = False
+
+    @property
+    def kind(self) -> Kind:
+        """"thread" until the processes run, then "process" (new tasks go to them)."""
+        return PROCESS if self._procs is not None else THREAD
+
+    @property
+    def start_method(self) -> str | None:
+        """The processes' start method once they run; None before."""
+        return self._procs.start_method if self._procs is not None else None
+
+    @property
+    def preload(self) -> tuple[str, ...]:
+        """What the processes' fork server was asked to import."""
+        return self._procs.preload if self._procs is not None else ()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -125,8 +141,8 @@ class HandoverPool:
         """Whether both pools have stopped."""
         return self._threads.stopped and (self._procs is None or self._procs.stopped)
 
-    def restart_server(self, dead: Any) -> tuple[str, ...]:
-        """The process workers' fork server died: start a new one."""
+    def restart_server(self, dead: ServerDied) -> tuple[str, ...]:
+        """The process workers' fork server died: start a new one (`ServerPool`)."""
         assert self._procs is not None
         return self._procs.restart_server(dead)
 
@@ -167,11 +183,11 @@ class HandoverPool:
         except Exception as exc:  # stay on threads: they work
             self._stay(f"process workers cannot start here ({type(exc).__name__}: {exc})")
             return
-        supervisor = Supervisor(ctx, replace(self._config, preload=info.preload),
+        supervisor = ProcessPool(ctx, replace(self._config, preload=info.preload),
                                 self._num_workers)  # fmt: skip
         self._method, self._preload = info.method, info.preload
 
-        def start() -> None:  # the helper: the supervisor is its own until it returns
+        def start() -> None:  # the helper: the pool is its own until it returns
             try:
                 supervisor.start()
             except BaseException as exc:
@@ -251,25 +267,20 @@ class HandoverPool:
         if self._procs is not None:
             self._procs.send_reset()
 
-    def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
-        """Events of both pools, and `WorkersChosen` once. [Unit: second]"""
+    def waitables(self) -> list[Any]:
+        """The running pools' waitables."""
         self._adopt()
-        if self._announce:
-            return self._announce_now()
-        from_threads: list[tuple[int, object]] = []
-        events: list[tuple[int, object]] = []
-        if self._procs is None:
-            from_threads = self._threads.wait(timeout_s)  # the helper's end wakes it
-        else:
-            also: tuple[Any, ...] = ()
-            if self._threads.running:
-                self._threads.waitable.armed = True  # then look: nothing can slip between
-                also = (self._threads.waitable,)
-                if self._threads.on_its_way(0):
-                    timeout_s = 0.0
-            events = self._procs.wait(timeout_s, also=also)
-            if self._threads.running:
-                from_threads = self._threads.wait(0)
+        out = self._threads.waitables() if self._threads.running else []
+        return out + (self._procs.waitables() if self._procs is not None else [])
+
+    def pending(self) -> bool:
+        """An announcement to make, or thread events queued."""
+        return bool(self._announce) or (self._threads.running and self._threads.pending())
+
+    def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
+        """Events of both pools, and `WorkersChosen` once; decides and adopts as they come."""
+        from_threads = self._threads.collect(ready) if self._threads.running else []
+        events = self._procs.collect(ready) if self._procs is not None else []
         draws_globally = False
         for worker_id, event in from_threads:
             if isinstance(event, _OUTCOMES) and self._held[worker_id] > 0:
@@ -282,6 +293,10 @@ class HandoverPool:
         if self._procs is not None and not any(self._held) and self._threads.running:
             self._threads.shutdown()  # every task is the processes' now
         return from_threads + events + self._announce_now()
+
+    def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
+        """Events of both pools, and `WorkersChosen` once. [Unit: second]"""
+        return wait_any((self,), timeout_s)
 
     def _announce_now(self) -> list[tuple[int, object]]:
         events, self._announce = self._announce, []

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from steadyload.engine import worker_choice
-from steadyload.engine.worker_choice import GilProbe, live_choice
+from steadyload.engine.choice import worker_kind as worker_choice
+from steadyload.engine.choice.worker_kind import GilProbe, live_choice
 
 
 def _probe_while(work: object, probes: int = 30) -> float:

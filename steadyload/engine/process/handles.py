@@ -8,18 +8,21 @@ interrupted teardown resumes where it stopped (docs/design/shutdown.md).
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import signal
 import socket
+import time
+from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
-from .._system import close_fds, pidfd_open
-from ..start.servers import ServerRef
-from . import channel
-from .events import Received, ReceiveFailed
-from .protocol import Done, Stop
-from .status import StatusBlock
-from .transport import SegmentMap
+from ..._system import close_fds, pidfd_open
+from ...start.servers import ServerRef
+from ..events import Received, ReceiveFailed
+from ..protocol import Done, Stop
+from ..status import StatusBlock
+from ..transport import channel
+from ..transport.segments import SegmentMap
 
 
 class WorkerView:
@@ -63,7 +66,7 @@ class WorkerView:
             self._process.kill()
 
     def reaped(self, exitcode: int | None) -> None:
-        """The supervisor closed the process object; keep what it said."""
+        """The pool closed the process object; keep what it said."""
         self._exitcode = exitcode
         self._process = None
 
@@ -177,3 +180,22 @@ class Handle:
         if self.pidfd is not None:
             close_fds([self.pidfd])
             self.pidfd = None
+
+    def dump_stack(self, clock: Callable[[], float], wait_s: float) -> str:
+        """SIGUSR1 the worker (faulthandler dumps every thread's stack from a C signal
+        handler, even while C code holds the GIL) and return the new text, waiting at most
+        ``wait_s`` on ``clock`` for it. [Unit: second]"""
+        if self.pid is None:
+            return ""
+        before = len(self.status.stacks())
+        try:
+            os.kill(self.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return ""
+        deadline = clock() + wait_s
+        text = self.status.stacks()
+        # Bounded wait for an asynchronous signal handler; no event exists to wait on.
+        while len(text) <= before and clock() < deadline:
+            time.sleep(0.01)
+            text = self.status.stacks()
+        return text[before:]

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 
+from ..interrupts import held_interrupts, on_interrupt
 from .handles import Handle
-from .interrupts import held_interrupts, on_interrupt
 
 _LOG = logging.getLogger(__name__)
 _SLICE_S = 0.1  # waits are cut in slices, so that a held Ctrl-C can cut them short
@@ -78,7 +78,7 @@ def stop_processes(
 def teardown(handles: list[Handle], grace_s: float) -> None:
     """Stop the workers in ``handles`` and empty the list; safe to call again if interrupted.
 
-    Also run by the supervisor's finalizer at garbage collection and interpreter exit.
+    Also run by the pool's finalizer at garbage collection and interpreter exit.
     """
     if not handles:
         return

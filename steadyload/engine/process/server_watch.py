@@ -1,8 +1,8 @@
-"""The fork servers a supervisor's workers came from: one pidfd each, and their deaths.
+"""The fork servers a pool's workers came from: one pidfd each, and their deaths.
 
 Each worker handle remembers the server that forked it (CPython restarts a dead fork
 server on its own at the next start, and steadyload's zygote too, so live workers may come
-from two servers for a moment). A server's pidfd sits in the supervisor's one
+from two servers for a moment). A server's pidfd sits in the pool's one
 ``connection.wait``; when it fires, or when a worker of it is reported exited with status
 255 (what CPython reports for every worker of a server that died), the server's exit is
 confirmed here and its workers are buried together as one event (docs/design/recovery.md).
@@ -13,15 +13,15 @@ from __future__ import annotations
 import select
 from collections.abc import Iterator
 
-from .._system import close_fds, pidfd_open
-from ..start import servers
-from ..start.servers import ServerRef
+from ..._system import close_fds, pidfd_open
+from ...start import servers
+from ...start.servers import ServerRef
 
 
 class ServerWatch:
-    """pidfds of the servers that have live workers; owned by one supervisor.
+    """pidfds of the servers that have live workers; owned by one pool.
 
-    ``fds`` is shared with the supervisor's finalizer, which closes what is left.
+    ``fds`` is shared with the pool's finalizer, which closes what is left.
     """
 
     def __init__(self, fds: dict[ServerRef, int]) -> None:

@@ -53,6 +53,21 @@ def make_info(worker_id: int, num_workers: int, seed: int, dataset: Any, method:
         )
 
 
+def set_process_info(info: Any) -> None:
+    """What `get_worker_info()` returns in this worker process (torch's module global)."""
+    _torch_worker._worker_info = info
+
+
+def seed_process(base_seed: int, worker_id: int) -> int:
+    """Seed this worker process's generators exactly as torch's ``_worker_loop`` does (so
+    values drawn in datasets are the same); returns the worker's seed."""
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(_torch_worker._generate_state(base_seed, worker_id))
+    return seed
+
+
 def _per_thread_get_worker_info() -> Any:
     # The body torch's get_worker_info gets: it runs with *torch's* module globals, where
     # install_per_thread put ``_steadyload_threads`` beside torch's ``_worker_info``.

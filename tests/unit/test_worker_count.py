@@ -1,4 +1,4 @@
-"""tuning.py and cli/_bench_run.py without worker processes: the probe,
+"""worker_count.py and cli/_bench_run.py without worker processes: the probe,
 num_workers="auto", bench's budget split, the recommendation rules and the JSON schema."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 import steadyload as sl
-from steadyload import tuning
+from steadyload import worker_count
 from steadyload.cli import _bench_run
 from steadyload.cli._bench_run import Measurement
-from steadyload.tuning import SampleProfile
+from steadyload.worker_count import SampleProfile
 from tests.datasets import MapDS
 
 MEASUREMENT_KEYS = {
@@ -68,7 +68,7 @@ def test_probe_reads_indices_from_zero_and_restores_the_rngs() -> None:
     torch.manual_seed(1), random.seed(1), np.random.seed(1)
     expected = (torch.rand(1), random.random(), np.random.rand())
     torch.manual_seed(1), random.seed(1), np.random.seed(1)
-    profile = tuning.probe(ds, batch_size=8, collate_fn=None, max_samples=10)
+    profile = worker_count.probe(ds, batch_size=8, collate_fn=None, max_samples=10)
     assert (torch.rand(1), random.random(), np.random.rand()) == expected
     assert ds.read == list(range(11))  # one warm-up sample, then 10 timed
     assert profile.samples == 10 and profile.per_sample_s is not None
@@ -77,20 +77,20 @@ def test_probe_reads_indices_from_zero_and_restores_the_rngs() -> None:
 
 def test_probe_leaves_a_users_stream_alone_and_reports_errors() -> None:
     stream = CountingStream()
-    profile = tuning.probe(stream, 4, None)
+    profile = worker_count.probe(stream, 4, None)
     assert stream.iterated == 0 and profile.per_sample_s is None
     assert "IterableDataset" in (profile.note or "")
-    assert tuning.probe(stream, 4, None, stream_ok=True).per_sample_s is not None
-    broken = tuning.probe(Broken(4), 4, None)
+    assert worker_count.probe(stream, 4, None, stream_ok=True).per_sample_s is not None
+    broken = worker_count.probe(Broken(4), 4, None)
     assert broken.note == "loading sample 0 in this process raised KeyError: 'no sample 0'"
 
 
 def test_auto_gives_trivial_samples_no_workers(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="steadyload.tuning"):
-        choice = tuning.choose_num_workers(MapDS(1000), 32, None)
+    with caplog.at_level(logging.INFO, logger="steadyload.worker_count"):
+        choice = worker_count.choose_num_workers(MapDS(1000), 32, None)
     assert choice.num_workers == 0
     assert choice.elapsed_s < 2
-    assert caplog.records[-1].name == "steadyload.tuning"
+    assert caplog.records[-1].name == "steadyload.worker_count"
     assert caplog.records[-1].getMessage() == choice.reason
     assert choice.reason.startswith("num_workers='auto' chose 0: samples take ")
     assert "passing batches between processes would cost more" in choice.reason
@@ -98,42 +98,42 @@ def test_auto_gives_trivial_samples_no_workers(caplog: pytest.LogCaptureFixture)
 
 def test_auto_is_bounded_by_cpus_and_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     # A fixed probe result: timing real samples on a busy 2-core CI box is noise.
-    monkeypatch.setattr(tuning, "probe", lambda *a, **k: SampleProfile(0.001, 0.0, 10, 1024))
-    monkeypatch.setattr(tuning, "usable_cpus", lambda: 8)
-    monkeypatch.setattr(tuning, "available_memory_bytes", lambda: 64 << 30)
+    monkeypatch.setattr(worker_count, "probe", lambda *a, **k: SampleProfile(0.001, 0.0, 10, 1024))
+    monkeypatch.setattr(worker_count, "usable_cpus", lambda: 8)
+    monkeypatch.setattr(worker_count, "available_memory_bytes", lambda: 64 << 30)
     ds = MapDS(64)
-    few = tuning.choose_num_workers(ds, 8, None)  # 8 ms a batch: 2 workers, one per 4 ms
+    few = worker_count.choose_num_workers(ds, 8, None)  # 8 ms a batch: 2 workers, one per 4 ms
     assert few.num_workers == 2
     assert few.reason.startswith(
         "num_workers='auto' chose 2: a batch takes 8.0 ms to load in this process (1.0 ms "
         "per sample, 10 timed); 2 worker(s) would deliver one every 5.0 ms (decided in ")
-    busy = tuning.choose_num_workers(ds, 64, None)  # 64 ms a batch: 13 wanted, 7 CPUs
+    busy = worker_count.choose_num_workers(ds, 64, None)  # 64 ms a batch: 13 wanted, 7 CPUs
     assert busy.num_workers == 7
     assert "; bounded by CPUs (8 usable CPUs, one kept for the training loop)" in busy.reason
-    monkeypatch.setattr(tuning, "available_memory_bytes", lambda: 600 << 20)
-    tight = tuning.choose_num_workers(ds, 64, None)
+    monkeypatch.setattr(worker_count, "available_memory_bytes", lambda: 600 << 20)
+    tight = worker_count.choose_num_workers(ds, 64, None)
     assert tight.num_workers == 2  # half of 600 MiB / ~100 MiB per worker
     assert "; bounded by memory: about 100 MiB per worker, 600 MiB available" in tight.reason
-    monkeypatch.setattr(tuning, "usable_cpus", lambda: 1)
-    assert tuning.choose_num_workers(ds, 64, None).num_workers == 0
-    floor = tuning.choose_num_workers(ds, 64, None, at_least=1)
+    monkeypatch.setattr(worker_count, "usable_cpus", lambda: 1)
+    assert worker_count.choose_num_workers(ds, 64, None).num_workers == 0
+    floor = worker_count.choose_num_workers(ds, 64, None, at_least=1)
     assert floor.num_workers == 1 and "raised to 1" in floor.reason
 
 
 def test_auto_does_not_read_a_stream() -> None:
     stream = CountingStream()
-    choice = tuning.choose_num_workers(stream, 4, None)
+    choice = worker_count.choose_num_workers(stream, 4, None)
     assert stream.iterated == 0
-    assert choice.num_workers == min(1, tuning.usable_cpus() - 1)
+    assert choice.num_workers == min(1, worker_count.usable_cpus() - 1)
     assert "an IterableDataset is not measured" in choice.reason
 
 
 def test_resolve_num_workers() -> None:
-    assert tuning.resolve_num_workers(3, MapDS(4), 1, None, None, None, False) == (3, None)
+    assert worker_count.resolve_num_workers(3, MapDS(4), 1, None, None, None, False) == (3, None)
     with pytest.raises(ValueError, match=r"^num_workers must be an int >= 0 or 'auto', got 'max'$"):
-        tuning.resolve_num_workers("max", MapDS(4), 1, None, None, None, False)
+        worker_count.resolve_num_workers("max", MapDS(4), 1, None, None, None, False)
     sampler = torch.utils.data.BatchSampler(range(4), batch_size=2, drop_last=False)
-    n, choice = tuning.resolve_num_workers("auto", MapDS(4), 1, sampler, None, 2, False)
+    n, choice = worker_count.resolve_num_workers("auto", MapDS(4), 1, sampler, None, 2, False)
     assert n == 1 and choice is not None  # prefetch_factor needs a worker
 
 
@@ -220,7 +220,7 @@ def test_bench_splits_the_budget_and_lists_what_did_not_fit(
 
 
 def test_formatting_helpers() -> None:
-    assert [tuning.fmt_s(x) for x in (None, 12e-6, 4.84e-3, 1.254)] == [
+    assert [worker_count.fmt_s(x) for x in (None, 12e-6, 4.84e-3, 1.254)] == [
         "-", "12 µs", "4.8 ms", "1.25 s"]
-    assert tuning.usable_cpus() >= 1
-    assert tuning.memory_bound(100, 1000) == 5 and tuning.memory_bound(None, 1000) is None
+    assert worker_count.usable_cpus() >= 1
+    assert worker_count.memory_bound(100, 1000) == 5 and worker_count.memory_bound(None, 1000) is None

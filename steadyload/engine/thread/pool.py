@@ -1,8 +1,8 @@
-"""Thread workers: the `Supervisor`'s calls and events, over threads of this process.
+"""`ThreadPool`: the `WorkerPool` over threads of this process.
 
 Why the same interface: dispatch, the task table, recovery, the hang watch, checkpoints and
-the report (iterators/) drive a supervisor through a dozen calls and a stream of events
-(`Ready`, `Received`, `Failed`, `Empty`, `Exhausted`, `Died`). A `ThreadSupervisor` gives
+the report (iterators/) drive a pool through its protocol (../pool.py) and a stream of
+events (`Ready`, `Received`, `Failed`, `Empty`, `Exhausted`, `Died`). A `ThreadPool` gives
 the same calls and events, so thread workers get torch's order, exactly-once delivery,
 skip, resume and the report from the code the process workers use, not from a copy.
 
@@ -28,24 +28,23 @@ from __future__ import annotations
 
 import copy
 import os
-import queue
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
 
-from .config import WorkerConfig
-from .events import Died
-from .fetch import ITERABLE
-from .interrupts import interrupts_allowed
-from .protocol import Reset, Restore, Stop, Task
-from .status import Progress
-from .thread_worker import Outbox, WorkerThread, thread_main
-from .worker_info import install_per_thread, restore_default
+from ..config import WorkerConfig
+from ..events import Died
+from ..fetch import ITERABLE
+from ..pool import THREAD, Kind, wait_any
+from ..protocol import Reset, Restore, Stop, Task
+from ..status import Progress
+from ..torch_hooks import install_per_thread, restore_default
+from .worker import Outbox, WorkerThread, thread_main
 
 _JOIN_S = 2.0  # how long shutdown waits for a thread that is inside a dataset call
 
@@ -76,8 +75,8 @@ class ThreadView:
         return f"<steadyload thread worker {self.worker_id} alive {self.is_alive()}>"
 
 
-class ThreadSupervisor:
-    """Owns the worker threads of one iterator; the `Supervisor` interface (see module)."""
+class ThreadPool:
+    """Owns the worker threads of one iterator; a `WorkerPool` (see module)."""
 
     def __init__(
         self, config: WorkerConfig, num_workers: int, *,
@@ -92,6 +91,10 @@ class ThreadSupervisor:
         self.views: list[ThreadView | None] = [None] * num_workers
         """Each worker id's latest thread, as ``iterator._workers`` shows it."""
         self.running = False
+
+    kind: Kind = THREAD
+    start_method = None
+    preload: tuple[str, ...] = ()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -136,12 +139,7 @@ class ThreadSupervisor:
         for w in live:
             assert w.thread is not None
             w.thread.join(max(0.0, deadline - time.monotonic()))
-        self._events.close()  # what is still queued is dropped with this supervisor
-
-    @property
-    def waitable(self) -> Outbox:
-        """Readable when events may be queued (for `Supervisor.wait(..., also=)`)."""
-        return self._events
+        self._events.close()  # what is still queued is dropped with this pool
 
     def measured(self) -> tuple[int, int, float]:
         """Tasks run (each thread's first left out), their samples and their wall seconds,
@@ -154,10 +152,6 @@ class ThreadSupervisor:
         """Whether `shutdown` ran (threads still inside a dataset call end by themselves)."""
         return all(w is None for w in self._workers)
 
-    def restart_server(self, dead: object) -> tuple[str, ...]:
-        """Threads have no fork server; never called."""
-        raise RuntimeError("[steadyload internal error] thread workers have no fork server")
-
     # -- messaging ---------------------------------------------------------------------------
     def pid(self, worker_id: int) -> int | None:
         """This process's id (threads have none of their own)."""
@@ -168,13 +162,13 @@ class ThreadSupervisor:
         return {}
 
     def started_at(self, worker_id: int) -> float | None:
-        """When the thread was asked for, on the supervisor's clock. [Unit: second]"""
+        """When the thread was asked for, on the pool's clock. [Unit: second]"""
         w = self._workers[worker_id]
         return w.started_at if w is not None else None
 
     @property
     def clock(self) -> Callable[[], float]:
-        """The clock the supervisor measures with."""
+        """The clock the pool measures with."""
         return self._clock
 
     def send_task(self, worker_id: int, task_id: int, indices: Any, epoch: int = 0) -> None:
@@ -195,24 +189,32 @@ class ThreadSupervisor:
             if w is not None:
                 w.inbox.put(Reset())
 
-    def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
-        """Block until an event arrives or ``timeout_s`` passes; then take all that came.
-        Events of abandoned threads are dropped. [Unit: second]"""
+    def waitables(self) -> list[Any]:
+        """The outbox's socket, armed: an event queued from now on makes it readable."""
+        self._events.armed = True
+        return [self._events]
+
+    def pending(self) -> bool:
+        """Whether events are queued (looked at after arming: none can slip between)."""
+        return not self._events.queue.empty()
+
+    def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
+        """Every queued event, without blocking; those of abandoned threads are dropped.
+        Runs where Ctrl-C is held, so no dequeued event can be lost to it."""
+        events = self._events
+        if events.armed:
+            events.armed = False
+            events.drain()
         out: list[tuple[int, object]] = []
-        if self._events.armed:
-            self._events.drain()
-        try:
-            with interrupts_allowed():  # the one blocking call, as in Supervisor.wait
-                first = self._events.queue.get(timeout=timeout_s)
-        except queue.Empty:
-            return out
-        item: tuple[int, int, object] | None = first
-        while item is not None:
-            worker_id, generation, event = item
+        while not events.queue.empty():
+            worker_id, generation, event = events.queue.get_nowait()
             if worker_id >= 0 and generation == self._generations[worker_id]:
                 out.append((worker_id, event))
-            item = self._events.queue.get_nowait() if not self._events.queue.empty() else None
         return out
+
+    def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
+        """Block until an event arrives or ``timeout_s`` passes. [Unit: second]"""
+        return wait_any((self,), timeout_s)
 
     def wake(self) -> None:
         """End a `wait` under way, without an event (safe from any thread)."""
@@ -251,5 +253,5 @@ class ThreadSupervisor:
         # reaped: its progress still shows the hung task, and tasks sent meanwhile are
         # re-sent to the replacement (they are still held).
         self._generations[worker_id] += 1  # what it sends from now on is dropped
-        died = Died(exitcode=None, pid=os.getpid(), progress=w.progress())
+        died = Died(exitcode=None, pid=os.getpid(), progress=w.progress(), kind=THREAD)
         self._events.put((worker_id, self._generations[worker_id], died))

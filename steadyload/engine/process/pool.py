@@ -1,6 +1,6 @@
-"""The parent side: start workers, send them tasks, and wait for results and deaths at once.
+"""`ProcessPool`: start worker processes, send them tasks, wait for results and deaths at once.
 
-The supervisor blocks in one place, a poll (`channel.ready`) on every worker's
+The pool blocks in one place, a poll (`channel.ready`) on every worker's
 socket and process sentinel (and the fork server's pidfd), so a death is seen the moment it
 happens and no wait can outlive a SIGKILLed worker. Reads never block: each socket is read
 by a non-blocking `channel.Reader` that returns only complete messages. Each worker has a
@@ -16,28 +16,27 @@ import contextlib
 import errno
 import logging
 import os
-import signal
 import socket
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from .. import limits
-from ..pickling import unimportable_main_hidden
-from ..start import servers
-from ..start.launch import StartStalled
-from ..start.servers import ServerRef
-from . import channel
-from .config import Deferred, WorkerConfig
-from .events import Died, ServerDied, ServerGone
+from ... import limits
+from ...pickling import unimportable_main_hidden
+from ...start import servers
+from ...start.launch import StartStalled
+from ...start.servers import ServerRef
+from ..config import Deferred, WorkerConfig
+from ..events import Died, ServerDied, ServerGone
+from ..pool import PROCESS, Kind, wait_any
+from ..protocol import Reset, Restore, Task
+from ..status import Progress, StatusBlock
+from ..transport import channel
 from .handles import Handle, WorkerView
-from .interrupts import interrupts_allowed
 from .lifecycle import teardown
-from .protocol import Reset, Restore, Task
 from .server_watch import ServerWatch
-from .status import Progress, StatusBlock
 from .worker import worker_main
 
 _LOG = logging.getLogger(__name__)
@@ -52,11 +51,11 @@ def _stop_all(live: list[Handle], server_fds: dict[ServerRef, int], grace_s: flo
         ServerWatch(server_fds).close()
 
 
-class Supervisor:
+class ProcessPool:
     """Owns the worker processes of one iterator: start, message, watch, stop.
 
     Not thread-safe: one thread (the one iterating) drives it. `shutdown` is idempotent,
-    resumable if interrupted, and also runs when the supervisor is garbage-collected or the
+    resumable if interrupted, and also runs when the pool is garbage-collected or the
     interpreter exits.
     """
 
@@ -84,6 +83,23 @@ class Supervisor:
         self.views: list[WorkerView | None] = [None] * num_workers
         """Each worker id's latest process, as ``iterator._workers`` shows it."""
         self.running = False
+        self._by_object: dict[Any, tuple[str, Handle | None]] = {}  # of the latest waitables
+        self._fired: dict[int, ServerRef] = {}
+
+    @property
+    def kind(self) -> Kind:
+        """Always "process"."""
+        return PROCESS
+
+    @property
+    def start_method(self) -> str:
+        """The context's start method."""
+        return self._method
+
+    @property
+    def preload(self) -> tuple[str, ...]:
+        """What the fork server was asked to import."""
+        return self._config.preload
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -197,7 +213,7 @@ class Supervisor:
 
     @property
     def stopped(self) -> bool:
-        """Whether every worker this supervisor started has exited and been reaped."""
+        """Whether every worker this pool started has exited and been reaped."""
         return not self._live
 
     # -- the fork server ---------------------------------------------------------------------
@@ -234,13 +250,13 @@ class Supervisor:
         return {h.worker_id: h.pid for h in list(self._live) if h.pid is not None}
 
     def started_at(self, worker_id: int) -> float | None:
-        """When the worker was asked for, on the supervisor's clock. [Unit: second]"""
+        """When the worker was asked for, on the pool's clock. [Unit: second]"""
         h = self._handles[worker_id]
         return h.started_at if h is not None else None
 
     @property
     def clock(self) -> Callable[[], float]:
-        """The clock the supervisor measures with."""
+        """The clock the pool measures with."""
         return self._clock
 
     def send_task(self, worker_id: int, task_id: int, indices: Any, epoch: int = 0) -> None:
@@ -266,30 +282,37 @@ class Supervisor:
             # task table re-sends what it held.
             self.kill(h.worker_id)
 
-    def wait(self, timeout_s: float | None, also: tuple[Any, ...] = ()) -> list[tuple[int, object]]:
-        """Block until a message or a death arrives, or ``timeout_s`` passes. [Unit: second]
-
-        Returns ``(worker_id, event)`` pairs: a protocol message (a `Done` comes back as
-        `Received`), `Died`, `ReceiveFailed`, or ``(SERVER, ServerDied)`` once for a
-        fork server that died with all its workers. Messages a worker sent before it died
-        come first. ``also``: more waitables that end the wait when ready (their events are
-        the caller's: engine/handover.py).
-        """
-        by_object: dict[Any, tuple[str, Handle | None]] = {obj: ("also", None) for obj in also}
+    def waitables(self) -> list[Any]:
+        """Every live worker's socket and process sentinel, and the fork servers' pidfds."""
+        by_object: dict[Any, tuple[str, Handle | None]] = {}
         for h in self._live:
             if not h.reader.closed:
                 by_object[h.reader] = ("conn", h)
             by_object[h.process.sentinel] = ("sentinel", h)
-        fired: dict[int, ServerRef] = {}
+        self._fired = {}
         if self._live:
             for fd, server in self._servers.waitables():
                 by_object[fd] = ("server", None)
-                fired[fd] = server
-        if not by_object:
-            return []
+                self._fired[fd] = server
+        self._by_object = by_object
+        return list(by_object)
+
+    def pending(self) -> bool:
+        """Never: every event of a process arrives through a descriptor."""
+        return False
+
+    def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
+        """Block until a message or a death arrives, or ``timeout_s`` passes. [Unit: second]"""
+        return wait_any((self,), timeout_s)
+
+    def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
+        """The events behind ``ready``: a protocol message (a `Done` comes back as
+        `Received`), `Died`, `ReceiveFailed`, or ``(SERVER, ServerDied)`` once for a fork
+        server that died with all its workers. Messages a worker sent before it died come
+        first."""
+        by_object, fired = self._by_object, self._fired
+        ready = [obj for obj in ready if obj in by_object]
         events: list[tuple[int, object]] = []
-        with interrupts_allowed():  # the one blocking call: Ctrl-C leaves nothing half-done
-            ready = channel.ready(list(by_object), timeout_s)
         for obj in ready:
             kind, owner = by_object[obj]
             if kind == "conn" and owner is not None:
@@ -344,20 +367,9 @@ class Supervisor:
         stuck in C code holding the GIL. Waits at most ``wait_s`` for the text. [Unit: second]
         """
         h = self._handles[worker_id]
-        if h is None or h not in self._live or h.pid is None:
+        if h is None or h not in self._live:
             return ""
-        before = len(h.status.stacks())
-        try:
-            os.kill(h.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            return ""
-        deadline = self._clock() + wait_s
-        text = h.status.stacks()
-        # Bounded wait for an asynchronous signal handler; no event exists to wait on.
-        while len(text) <= before and self._clock() < deadline:
-            time.sleep(0.01)
-            text = h.status.stacks()
-        return text[before:]
+        return h.dump_stack(self._clock, wait_s)
 
     def kill(self, worker_id: int) -> None:
         """SIGKILL the worker; its death arrives as a `Died` event from `wait`."""

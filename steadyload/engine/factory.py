@@ -1,0 +1,73 @@
+"""`make_pool`: the one place a loader's `WorkerPool` is built, from a `PoolPlan`.
+
+The loader decides the plan (the kind of worker, and for processes how they start); the
+iterator asks for a started pool and drives it through the protocol alone (pool.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.context import BaseContext
+from typing import Literal
+
+from ..start.context import StartInfo
+from .choice.handover import HandoverPool
+from .config import WorkerConfig
+from .events import ServerGone
+from .pool import WorkerPool
+from .process.pool import ProcessPool
+from .thread.pool import ThreadPool
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    """What kind of pool a loader's iterator starts."""
+
+    kind: Literal["process", "thread", "auto"]
+    """"auto": threads at once, processes when the work needs them (choice/)."""
+    context: BaseContext | None = None
+    """The processes' multiprocessing context ("process")."""
+    start: StartInfo | None = None
+    """How the processes start, and the fork server's preloads ("process")."""
+    processes: Callable[[], tuple[BaseContext, StartInfo]] | None = None
+    """"auto": the processes' context and start, resolved only if they are needed."""
+
+    @property
+    def start_method(self) -> str | None:
+        """The processes' start method; None for threads or an undecided "auto"."""
+        return self.start.method if self.start is not None else None
+
+    @property
+    def preload(self) -> tuple[str, ...]:
+        """What the fork server was asked to import (empty: none yet)."""
+        return self.start.preload if self.start is not None else ()
+
+
+THREADS = PoolPlan("thread")
+
+
+def make_pool(
+    plan: PoolPlan, config: WorkerConfig, num_workers: int,
+    process_checks: Callable[[str], None],
+) -> WorkerPool:  # fmt: skip
+    """A started pool for ``plan``. ``process_checks(start_method)`` runs before processes
+    start under "auto" (the checks "process" plans had when the loader was built)."""
+    pool: WorkerPool
+    if plan.kind == "auto":
+        assert plan.processes is not None
+        pool = HandoverPool(config, num_workers, plan.processes, process_checks)
+    elif plan.kind == "thread":
+        pool = ThreadPool(config, num_workers)
+    else:
+        assert plan.context is not None
+        process_pool = ProcessPool(plan.context, config, num_workers)
+        try:
+            process_pool.start()
+        except ServerGone as gone:  # found dead at the start: one restart, then as usual
+            process_pool.restart_server(gone.event)
+            process_pool = ProcessPool(plan.context, config, num_workers)
+            process_pool.start()
+        return process_pool
+    pool.start()
+    return pool

@@ -1,0 +1,182 @@
+"""The one worker loop: take a task, fetch, collate, report, return the outcome.
+
+Every kind of worker runs `run` (torchdata's ``_apply_udf`` is the model: one function, the
+kind's parts passed in). A kind supplies two things and nothing else:
+
+- a `Link`: how messages reach the worker and how outcomes and batches leave it. A process
+  (process/worker.py) receives on a reader thread and sends over its socket, packing each
+  batch into shared memory; a thread (thread/worker.py) takes messages from a queue and
+  queues the collated batch itself.
+- a liveness signal, on the parent's side (its pool): a process's sentinel, a thread's
+  escaping exception or its abandonment after a hang.
+
+What the loop guarantees for every kind: `Ready` once, then exactly one outcome per task
+(`Done` through `Link.send_batch`, or `Empty`, `Exhausted`, `Failed`), the status fields
+(status.py) kept current for the parent's hang watch and blame, and dataset errors reported
+as outcomes, never as the worker's death.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Any, Protocol
+
+from ..describe import describe_exception, format_traceback
+from .config import WorkerConfig
+from .fetch import ITERABLE, AllSkipped, Fetcher, start_fetching
+from .protocol import Done, Empty, Exhausted, Failed, Reset, Restore, Stop, Task
+from .status import SENDING, STAGE
+
+
+class Link(Protocol):
+    """What a kind of worker supplies to `run`: its side of the transport."""
+
+    def receive(self) -> object:
+        """The next message from the parent (blocks); `Stop` when the worker must end."""
+
+    def ready(self) -> None:
+        """The worker's set-up is done (``worker_init_fn``, the first iterator): say `Ready`."""
+
+    def send(self, msg: object) -> None:
+        """Send an outcome or a notice to the parent."""
+
+    def release(self, freed: tuple[int, ...]) -> None:
+        """Segments the parent handed back with a `Task` or `Reset` (processes only)."""
+
+    def begin_task(self) -> None:
+        """A task's loading starts (before the dataset is called)."""
+
+    def cancel_task(self) -> None:
+        """The task ended without a batch to send."""
+
+    def pack(self, data: Any) -> Any:
+        """The batch in the form that crosses (processes: a payload in shared memory;
+        threads: the batch itself); raises if it cannot cross (the task's failure)."""
+
+    def send_batch(self, done: Done, packed: Any) -> None:
+        """Send the packed batch with its `Done`."""
+
+    def after_task(self) -> bool:
+        """After each outcome: True when the worker must stop now (it said why)."""
+
+
+class Status(Protocol):
+    """The worker's status fields (status.py's layout), which the parent reads."""
+
+    fields: Any
+
+    def begin(self, task_id: int) -> None:
+        """A task starts."""
+
+    def end(self) -> None:
+        """The task's outcome was sent."""
+
+
+def failed_outcome(task_id: int, exc: BaseException, where: str) -> Failed:
+    """The `Failed` message for ``exc``: pickled if it survives pickling, else its words."""
+    type_name, text = describe_exception(exc)
+    data: bytes | None
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)  # exceptions with custom __init__ often fail only here
+    except Exception:
+        data = None
+    return Failed(
+        task_id=task_id, exception=data, type_name=type_name, text=text,
+        traceback=format_traceback(exc), where=where,
+    )  # fmt: skip
+
+
+def run(
+    cfg: WorkerConfig, dataset: Any, worker_id: int, link: Link, status: Status,
+    seeder: Any,
+) -> None:  # fmt: skip
+    """A worker's life after its kind's set-up: ``worker_init_fn`` and the first iterator,
+    `Ready`, then one outcome per task until `Stop` (or `Link.after_task` says stop)."""
+    new_fetcher, fetcher, init_error = start_fetching(cfg, dataset, worker_id, status.fields,
+                                                      seeder)  # fmt: skip
+    stateful = dataset if cfg.stateful_stream else None
+    link.ready()
+    ended = False
+    while True:
+        msg = link.receive()
+        match msg:
+            case Stop():
+                return
+            case Reset() | Restore():
+                if isinstance(msg, Reset):
+                    link.release(msg.freed)
+                ended = False
+                if init_error is None:
+                    try:
+                        if isinstance(msg, Restore):
+                            # Resume the stream where the dead worker's last batch ended.
+                            dataset.load_state_dict(pickle.loads(msg.state))
+                        fetcher = new_fetcher()
+                    except Exception as exc:
+                        init_error = (exc, "in iter(dataset)")
+                continue
+            case Task():
+                link.release(msg.freed)
+            case _:
+                raise RuntimeError(f"[steadyload internal error] unexpected message {msg!r}")
+        if init_error is not None:
+            link.send(failed_outcome(msg.task_id, *init_error))
+            continue
+        assert fetcher is not None  # start_fetching: a fetcher unless an error
+        if ended:
+            link.send(Exhausted(msg.task_id))
+            continue
+        status.begin(msg.task_id)
+        if seeder is not None:
+            seeder.epoch = msg.epoch
+        ended = _run_task(msg, fetcher, cfg.dataset_kind, link, status, stateful)
+        status.end()
+        if link.after_task():
+            return
+
+
+def _run_task(
+    task: Task, fetcher: Fetcher, kind: int, link: Link, status: Status, stateful: Any,
+) -> bool:  # fmt: skip
+    """Run one task and send its outcome; True when the dataset's stream has ended."""
+    began = time.perf_counter()
+    link.begin_task()
+    try:
+        data = fetcher.fetch(task.indices)
+    except AllSkipped:
+        link.cancel_task()
+        link.send(Empty(task.task_id, tuple(fetcher.skipped)))
+        return False
+    except StopIteration as exc:
+        link.cancel_task()
+        if kind == ITERABLE:
+            link.send(Exhausted(task.task_id, tuple(fetcher.skipped)))
+            return True
+        link.send(failed_outcome(task.task_id, exc, fetcher.where))
+        return False
+    except Exception as exc:
+        link.cancel_task()
+        link.send(failed_outcome(task.task_id, exc, fetcher.where))
+        return False
+    status.fields[STAGE] = SENDING
+    try:
+        packed = link.pack(data)
+    except Exception as exc:
+        link.cancel_task()
+        link.send(failed_outcome(task.task_id, exc, "while sending the batch to the main process"))
+        return False
+    del data  # before the task ends: a batch still referenced here pins its segments
+    try:
+        state = pickle.dumps(stateful.state_dict()) if stateful is not None else None
+    except Exception as exc:  # user code: reported like the dataset's own errors
+        link.cancel_task()
+        where = "while saving the stream's position (state_dict())"
+        link.send(failed_outcome(task.task_id, exc, where))
+        return False
+    link.send_batch(Done(
+        task_id=task.task_id, payload=b"", segments=(), skipped=tuple(fetcher.skipped),
+        stream_state=state, samples=fetcher.count, load_s=time.perf_counter() - began,
+    ), packed)  # fmt: skip
+    return False
