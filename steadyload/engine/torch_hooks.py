@@ -1,4 +1,12 @@
-"""What `torch.utils.data.get_worker_info()` returns in a worker: per process, or per thread.
+"""Every hook steadyload sets in torch's private internals, in one place (each has a check in
+tests/unit/test_private_apis.py that fails loudly if torch moves it).
+
+- ``get_worker_info()`` per process (`set_process_info`) or per thread (`install_per_thread`).
+- Workers seeded as torch's ``_worker_loop`` seeds them (`seed_process`, `make_info`).
+- Shared storage (``UntypedStorage._new_shared``, which default_collate calls in workers)
+  routed into a process worker's arena (`route_shared_storage`), or plain in a thread
+  worker (`install_per_thread`).
+- Whether torch's profiler runs (`profiler_enabled`).
 
 torch keeps one module global (`torch.utils.data._utils.worker._worker_info`), which is
 right for processes. Thread workers share a process, so each thread needs its own answer
@@ -17,10 +25,8 @@ depend on thread scheduling; these do not.
 
 from __future__ import annotations
 
-import functools
 import random
 import threading
-import warnings
 from typing import Any
 
 import numpy as np
@@ -123,36 +129,6 @@ def _install_plain_storage() -> None:
     torch.UntypedStorage._new_shared = classmethod(_new_shared)  # type: ignore[assignment,method-assign]  # deliberate, once (see install_per_thread)
 
 
-def single_threaded_ops() -> None:
-    """Run torch's ops in the calling thread worker on that thread alone, as torch's process
-    workers do (`torch.set_num_threads(1)` in each; torchdata's thread workers too).
-
-    Each thread worker's parallel op (a fill, a copy, ``torch.stack(out=)`` in
-    default_collate) otherwise brings its own team of intra-op threads: on 2 cores, 2
-    workers made 5 busy threads, and 2-3 times the context switches of a single-threaded
-    worker. Under OpenMP the count is per thread (the training thread keeps its own); the
-    caller restores the process-wide default for threads made later (`restore_default`).
-    Under torch's native pool the count is process-wide: left alone there.
-    """
-    if _openmp():
-        # First torch's lazy per-thread set-up, which would later copy the process-wide
-        # count (restored by then) over this thread's.
-        torch.get_num_threads()
-        torch.set_num_threads(1)
-
-
-def restore_default(threads: int) -> None:
-    """Undo what `single_threaded_ops` did to threads started later (call it in the thread
-    that read ``threads = torch.get_num_threads()``: its own count stays as it was)."""
-    if _openmp():
-        torch.set_num_threads(threads)
-
-
-@functools.cache
-def _openmp() -> bool:
-    return "ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
-
-
 def set_thread_info(info: Any) -> None:
     """What `get_worker_info()` returns in the calling thread (None: the process's own)."""
     _threads.info = info
@@ -164,50 +140,20 @@ def thread_worker_id() -> int | None:
     return None if info is None else int(info.id)
 
 
-_warned: set[type] = set()  # dataset classes already warned about (main thread only)
+def route_shared_storage(arena: Any) -> None:
+    """In a worker process: torch's shared-storage allocations (default_collate's) come from
+    ``arena`` (``arena.storage(nbytes)``) while ``arena.active``."""
+    original = torch.UntypedStorage._new_shared
+
+    def _new_shared(cls: type, size: int, *, device: Any = "cpu") -> torch.UntypedStorage:
+        if arena.active and torch.device(device).type == "cpu":
+            return arena.storage(size)
+        return original(size, device=device)
+
+    torch.UntypedStorage._new_shared = classmethod(_new_shared)  # type: ignore[assignment,method-assign]  # deliberate monkeypatch, worker only
 
 
-def global_rngs(dataset_type: type) -> tuple[Any, ...] | None:
-    """The process-wide generators' states; None once `warn_global_draws` named the class.
-
-    Taken around a thread worker's first task: a change means the dataset drew from them
-    (the training loop could draw meanwhile too, but it is waiting for that first batch).
-    """
-    if dataset_type in _warned:
-        return None
-    return _states()
-
-
-def _states() -> tuple[Any, ...]:
-    return torch.random.default_generator.get_state(), random.getstate(), np.random.get_state()
-
-
-def drawn(before: tuple[Any, ...]) -> bool:
-    """Whether the process-wide generators moved since ``before`` (`global_rngs`)."""
-    after = _states()
-    return not (
-        torch.equal(before[0], after[0]) and before[1] == after[1]
-        and np.array_equal(before[2][1], after[2][1])
-    )
-
-
-def warn_global_draws(dataset_type: type) -> None:
-    """Warn (once per dataset class) that thread workers drew from shared generators.
-
-    Called by the iterating thread: a warning raised in a worker thread (``-W error``)
-    would end the thread, and the caller's warning filters are meant for the caller.
-    """
-    if dataset_type in _warned:
-        return
-    _warned.add(dataset_type)
-    warnings.warn(
-        f"steadyload: {dataset_type.__qualname__} drew random numbers from a process-wide "
-        "generator (torch.rand, random.random or np.random without a generator) in a "
-        "thread worker. Thread workers share those generators with each other and with "
-        "the training loop, so the values depend on thread timing and do not repeat from "
-        "run to run. Draw from the worker's own generators instead: "
-        "get_worker_info().rng.torch_generator (e.g. torch.rand(3, generator=...)), "
-        ".random_generator, .numpy_generator; with sample_seeds=True they give the same "
-        "values for any number of workers. Or use worker_type='process'.",
-        RuntimeWarning, stacklevel=5,
-    )
+def profiler_enabled() -> bool:
+    """Whether torch's autograd profiler is running (then torch's ``__next__`` is used, with
+    its profiler range)."""
+    return bool(torch.autograd.profiler._is_profiler_enabled)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterDataPipe, MapDataPipe
 
+from ..engine.torch_hooks import profiler_enabled
 from ..errors import SkipLimitError
 from ..report import RunRecord, SkippedSample
 
@@ -183,7 +184,7 @@ class TimedNext:
     _num_workers: int
 
     def __next__(self) -> Any:
-        if torch.autograd.profiler._is_profiler_enabled:
+        if profiler_enabled():
             return super().__next__()  # type: ignore[misc]  # torch's, with record_function
         # torch's __next__ without its record_function, which costs ~45 us a batch even
         # with no profiler (a tenth of a batch of tiny samples). Kept line for line.

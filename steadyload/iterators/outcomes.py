@@ -25,7 +25,7 @@ from ..engine.events import (
 )
 from ..engine.pool import WorkerPool
 from ..engine.protocol import Empty, Exhausted, Failed, Ready, Retire, StartFailed
-from ..engine.torch_hooks import warn_global_draws
+from ..engine.thread.sharing import warn_global_draws
 from ..errors import SharedMemoryError
 from ..memory.advice import check_in_flight
 from ..report import RunRecord, SkippedSample, WorkerReport, summarize_modules

@@ -17,7 +17,7 @@ import pytest
 
 import steadyload as sl
 from steadyload.engine.process import handles
-from steadyload.engine.process.pool import Supervisor
+from steadyload.engine.process.pool import ProcessPool
 from steadyload.iterators.workers import WorkerIterator
 from tests.adversarial import Hog
 from tests.conftest import processes_gone, wait_until
@@ -82,15 +82,15 @@ def test_a_batch_held_back_by_ctrl_c_is_not_yielded_in_the_next_epoch(
 def test_ctrl_c_while_a_dead_worker_is_buried_loses_and_repeats_nothing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    bury = Supervisor._bury
+    bury = ProcessPool._bury
     buried = []
 
-    def bury_and_press_ctrl_c(self: Supervisor, h: handles.Handle) -> Any:
+    def bury_and_press_ctrl_c(self: ProcessPool, h: handles.Handle) -> Any:
         buried.append(h.worker_id)
         os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C half-way through the burial
         return bury(self, h)
 
-    monkeypatch.setattr(Supervisor, "_bury", bury_and_press_ctrl_c)
+    monkeypatch.setattr(ProcessPool, "_bury", bury_and_press_ctrl_c)
     loader = sl.DataLoader(FaultOnce(8, {3}, "sigkill", str(tmp_path)), batch_size=1,
                            num_workers=2)
     it = iter(loader)
@@ -132,7 +132,7 @@ def test_ctrl_c_twice_during_teardown_still_stops_every_worker(
     assert pressed == [True]
     assert isinstance(info.value.__context__, sl.WorkerDiedError)  # what was being handled
     assert processes_gone(pids), "a worker outlived the interrupted teardown"
-    assert it._supervisor is None
+    assert it._pool is None
     with pytest.raises(sl.WorkerDiedError):  # the error again, never "handle is closed"
         next(it)
 
@@ -156,10 +156,10 @@ def test_a_teardown_that_failed_half_way_finishes_on_the_next_call(
     monkeypatch.setattr(handles.Handle, "finish", finish_fails_once)
     with pytest.raises(RuntimeError, match="teardown broke here"):
         it._shutdown_workers()
-    assert it._supervisor is not None  # not done: kept to finish the job
+    assert it._pool is not None  # not done: kept to finish the job
     monkeypatch.setattr(handles.Handle, "finish", finish)
     it._shutdown_workers()
-    assert it._supervisor is None
+    assert it._pool is None
     wait_until(lambda: processes_gone(pids), 5, what="the workers to exit")
 
 

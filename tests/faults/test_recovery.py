@@ -91,7 +91,7 @@ def test_random_kills_from_outside_lose_and_repeat_nothing() -> None:
         rng = random.Random(99)
         while not stop.is_set() and len(kills) < 25:
             time.sleep(rng.uniform(0.02, 0.06))
-            supervisor = it._supervisor
+            supervisor = it._pool
             handles = list(supervisor._live) if supervisor is not None else []
             if not handles:
                 continue

@@ -1,4 +1,7 @@
-"""steadyload leans on a few private APIs of CPython and torch; fail loudly if they move."""
+"""steadyload leans on a few private APIs of CPython and torch; fail loudly if they move.
+
+Every torch hook lives in steadyload/engine/torch_hooks.py; each has a check here.
+"""
 
 from __future__ import annotations
 
@@ -55,3 +58,31 @@ def test_the_c_getsignal_answers_as_signal_getsignal_does() -> None:
 
     assert _signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGINT)
     assert _signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGTERM)
+
+
+def test_get_worker_info_is_the_global_read_install_per_thread_swaps() -> None:
+    # torch_hooks.install_per_thread swaps its code object for a thread-local read first.
+    from steadyload.engine import torch_hooks
+
+    code = torch_worker.get_worker_info.__code__
+    if code is not torch_hooks._per_thread_get_worker_info.__code__:  # not swapped yet
+        assert not code.co_freevars and "_worker_info" in code.co_names
+
+
+def test_worker_info_can_carry_thread_generators() -> None:
+    # torch_hooks.make_info fills torch's own container for thread workers when it exists.
+    rng = getattr(torch_worker, "_RNG", None)
+    if rng is not None:
+        assert {"rng", "worker_method"} <= set(torch_worker.WorkerInfo.__dataclass_fields__)
+
+
+def test_the_profiler_flag_that_next_consults() -> None:
+    # torch_hooks.profiler_enabled: iterators use torch's __next__ only while it is set.
+    assert isinstance(torch.autograd.profiler._is_profiler_enabled, bool)
+
+
+def test_pin_memory_helper() -> None:
+    # iterators/ pin batches with torch's own helper, as its iterators do.
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    assert "device" in inspect.signature(pin_memory).parameters

@@ -16,6 +16,7 @@ from torch.utils.data import default_collate
 from torch.utils.data._utils import worker as torch_worker
 
 import steadyload
+from steadyload.engine import torch_hooks
 from steadyload.engine.protocol import NewSegment
 from steadyload.engine.transport import arena as arena_module
 from steadyload.engine.transport import channel, storage_table
@@ -74,7 +75,7 @@ def pair() -> Iterator[Pair]:
     torch_worker._worker_info = torch_worker.WorkerInfo(id=0, num_workers=1, seed=0, dataset=None)
     original = torch.UntypedStorage.__dict__.get("_new_shared")
     p = Pair()
-    transport.install_collate_hook(p.arena)
+    torch_hooks.route_shared_storage(p.arena)
     yield p
     p.close()
     torch_worker._worker_info = old

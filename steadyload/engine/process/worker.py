@@ -39,7 +39,7 @@ from ..config import Deferred, WorkerConfig
 from ..protocol import Done, NewSegment, Ready, Retire, StartFailed, Stop
 from ..status import WorkerStatus
 from ..transport import channel
-from ..transport.segments import HAVE_MEMFD, Arena, announce, announced, install_collate_hook
+from ..transport.segments import HAVE_MEMFD, Arena, announce, announced
 
 _LOG = logging.getLogger(__name__)
 _MEMORY_CHECK_INTERVAL_S = 0.25
@@ -202,7 +202,7 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
     torch_hooks.set_process_info(info)
     arena = Arena(worker_id)
     if HAVE_MEMFD:
-        install_collate_hook(arena)
+        torch_hooks.route_shared_storage(arena)
 
     seeder = SampleSeeder(cfg.base_seed, worker_id, own=info) if cfg.sample_seeds else None
 

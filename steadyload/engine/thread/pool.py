@@ -43,7 +43,8 @@ from ..fetch import ITERABLE
 from ..pool import THREAD, Kind, wait_any
 from ..protocol import Reset, Restore, Stop, Task
 from ..status import Progress
-from ..torch_hooks import install_per_thread, restore_default
+from ..torch_hooks import install_per_thread
+from .sharing import restore_default
 from .worker import Outbox, WorkerThread, thread_main
 
 _JOIN_S = 2.0  # how long shutdown waits for a thread that is inside a dataset call

@@ -25,6 +25,7 @@ from ..config import WorkerConfig
 from ..events import Died, GlobalRngDrawn, Received
 from ..protocol import Done, Ready, Stop
 from ..status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK, Progress
+from . import sharing
 
 
 class WorkerThread:
@@ -136,7 +137,7 @@ class ThreadLink:
         """Note when the task began; around the first, the shared generators' state."""
         self._began, self._samples = time.perf_counter(), 0
         if self._first:
-            self._before = torch_hooks.global_rngs(self._dataset_type)
+            self._before = sharing.global_rngs(self._dataset_type)
 
     def cancel_task(self) -> None:
         """Nothing to undo."""
@@ -158,7 +159,7 @@ class ThreadLink:
             tasks, samples, wall = w.measured
             w.measured = (tasks + 1, samples + self._samples,
                           wall + time.perf_counter() - self._began)  # fmt: skip
-        elif self._before is not None and torch_hooks.drawn(self._before):
+        elif self._before is not None and sharing.drawn(self._before):
             self.put(GlobalRngDrawn(self._dataset_type))
         self._first, self._before = False, None
         return w.abandoned
@@ -171,7 +172,7 @@ def thread_main(cfg: WorkerConfig, dataset: Any, w: WorkerThread, events: Outbox
     link = ThreadLink(w, events, type(dataset))
     try:
         try:
-            torch_hooks.single_threaded_ops()
+            sharing.single_threaded_ops()
         finally:
             w.ops_set.set()
         seed = cfg.base_seed + w.worker_id  # torch's per-worker seed; this thread's generators

@@ -238,15 +238,3 @@ class Arena:
     def seal(self, payload: bytes | memoryview) -> bytes:
         """The payload `pack` made, finished after `end_task`: what the parent unpacks."""
         return storage_table.seal(payload, self._ends, self._pinned)
-
-
-def install_collate_hook(arena: Arena) -> None:
-    """Route torch's shared-storage allocations (default_collate's) into ``arena``."""
-    original = torch.UntypedStorage._new_shared
-
-    def _new_shared(cls: type, size: int, *, device: Any = "cpu") -> torch.UntypedStorage:
-        if arena.active and torch.device(device).type == "cpu":
-            return arena.storage(size)
-        return original(size, device=device)
-
-    torch.UntypedStorage._new_shared = classmethod(_new_shared)  # type: ignore[assignment,method-assign]  # deliberate monkeypatch, worker only

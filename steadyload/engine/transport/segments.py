@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from . import storage_table
-from .arena import Arena, _Segment, install_collate_hook
+from .arena import Arena, _Segment
 
-__all__ = ["HAVE_MEMFD", "Arena", "SegmentMap", "announce", "announced", "install_collate_hook"]
+__all__ = ["HAVE_MEMFD", "Arena", "SegmentMap", "announce", "announced"]
 
 HAVE_MEMFD = hasattr(os, "memfd_create") and hasattr(socket.socket, "sendmsg")
 PUNCH_AFTER = 4

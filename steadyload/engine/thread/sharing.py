@@ -1,0 +1,96 @@
+"""What thread workers share with the training thread: torch's intra-op threads and the
+process-wide random generators.
+
+Process workers each have their own; threads share this process's, so a thread worker runs
+torch's ops on itself alone (`single_threaded_ops`), and a dataset that draws from the
+process-wide generators is found and named (`global_rngs`, `drawn`, `warn_global_draws`).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def single_threaded_ops() -> None:
+    """Run torch's ops in the calling thread worker on that thread alone, as torch's process
+    workers do (`torch.set_num_threads(1)` in each; torchdata's thread workers too).
+
+    Each thread worker's parallel op (a fill, a copy, ``torch.stack(out=)`` in
+    default_collate) otherwise brings its own team of intra-op threads: on 2 cores, 2
+    workers made 5 busy threads, and 2-3 times the context switches of a single-threaded
+    worker. Under OpenMP the count is per thread (the training thread keeps its own); the
+    caller restores the process-wide default for threads made later (`restore_default`).
+    Under torch's native pool the count is process-wide: left alone there.
+    """
+    if _openmp():
+        # First torch's lazy per-thread set-up, which would later copy the process-wide
+        # count (restored by then) over this thread's.
+        torch.get_num_threads()
+        torch.set_num_threads(1)
+
+
+def restore_default(threads: int) -> None:
+    """Undo what `single_threaded_ops` did to threads started later (call it in the thread
+    that read ``threads = torch.get_num_threads()``: its own count stays as it was)."""
+    if _openmp():
+        torch.set_num_threads(threads)
+
+
+@functools.cache
+def _openmp() -> bool:
+    return "ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
+
+
+_warned: set[type] = set()  # dataset classes already warned about (main thread only)
+
+
+def global_rngs(dataset_type: type) -> tuple[Any, ...] | None:
+    """The process-wide generators' states; None once `warn_global_draws` named the class.
+
+    Taken around a thread worker's first task: a change means the dataset drew from them
+    (the training loop could draw meanwhile too, but it is waiting for that first batch).
+    """
+    if dataset_type in _warned:
+        return None
+    return _states()
+
+
+def _states() -> tuple[Any, ...]:
+    return torch.random.default_generator.get_state(), random.getstate(), np.random.get_state()
+
+
+def drawn(before: tuple[Any, ...]) -> bool:
+    """Whether the process-wide generators moved since ``before`` (`global_rngs`)."""
+    after = _states()
+    return not (
+        torch.equal(before[0], after[0]) and before[1] == after[1]
+        and np.array_equal(before[2][1], after[2][1])
+    )
+
+
+def warn_global_draws(dataset_type: type) -> None:
+    """Warn (once per dataset class) that thread workers drew from shared generators.
+
+    Called by the iterating thread: a warning raised in a worker thread (``-W error``)
+    would end the thread, and the caller's warning filters are meant for the caller.
+    """
+    if dataset_type in _warned:
+        return
+    _warned.add(dataset_type)
+    warnings.warn(
+        f"steadyload: {dataset_type.__qualname__} drew random numbers from a process-wide "
+        "generator (torch.rand, random.random or np.random without a generator) in a "
+        "thread worker. Thread workers share those generators with each other and with "
+        "the training loop, so the values depend on thread timing and do not repeat from "
+        "run to run. Draw from the worker's own generators instead: "
+        "get_worker_info().rng.torch_generator (e.g. torch.rand(3, generator=...)), "
+        ".random_generator, .numpy_generator; with sample_seeds=True they give the same "
+        "values for any number of workers. Or use worker_type='process'.",
+        RuntimeWarning, stacklevel=5,
+    )
