@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from steadyload.cli.__main__ import main
-from tests.unit.test_tuning import MEASUREMENT_KEYS, RECOMMENDATION_KEYS, TOP_KEYS
+from tests.unit.test_worker_count import MEASUREMENT_KEYS, RECOMMENDATION_KEYS, TOP_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 
