@@ -61,7 +61,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             because forked workers then deadlock. "zygote" (Linux, opt-in) forks a fork
             server from this process once, when the first such loader is built, and
             forks every worker from it: workers share this process's memory (torch
-            included: ~140 MiB less than forkserver's server) and later GPU use here is
+            included, unlike forkserver's server) and later GPU use here is
             safe, but it is refused if a CUDA/ROCm context exists at that moment, and the
             zygote keeps this process's memory as it was then. Build that first loader
             (or call ``steadyload.prestart(start_method="zygote")``) right after importing

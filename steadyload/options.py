@@ -59,7 +59,7 @@ class LoaderOptions:
     sample_seeds: bool = False
     """Seed the RNGs before each sample from (base seed, epoch, index)."""
     worker_type: str = "process"
-    """"process", "thread", or "auto" (chosen by measurement: tuning.py)."""
+    """"process", "thread", or "auto" (chosen by measurement: engine/choice/worker_kind.py)."""
 
     def __post_init__(self) -> None:
         if self.start_method not in START_METHODS:

@@ -32,7 +32,8 @@ training steps of nearly every model, so the loop does not wait for data."""
 MEMORY_SHARE = 0.5
 """Workers may take this share of the available memory; the rest is left to training."""
 WORKER_BASE_BYTES = 100 << 20
-"""auto's estimate of one idle worker (torch imported; PSS 65-90 MiB measured on Linux)."""
+"""auto's estimate of one idle worker, torch imported (above its PSS as measured on Linux:
+docs/design/figures.md#worker-count)."""
 
 
 def usable_cpus() -> int:

@@ -168,6 +168,55 @@ class Slow(Dataset[Any]):
         return torch.tensor(i)
 
 
+class HandsOver(Slow):
+    """For worker_type="auto" with a forced choice of processes: on a thread worker, samples
+    from ``at`` on wait (at most 60 s) until a process worker has unpickled the dataset, so
+    the hand-over falls inside the epoch on any machine, however slow processes start."""
+
+    def __init__(self, n: int, marker_dir: str, delay_s: float, at: int = 8) -> None:
+        super().__init__(n, delay_s)
+        self.marker_dir, self.at = marker_dir, at
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # only a process worker unpickles the dataset
+        open(os.path.join(self.marker_dir, "process"), "w").close()
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        if i >= self.at and info is not None and info.worker_method == "thread":
+            marker, deadline = os.path.join(self.marker_dir, "process"), time.monotonic() + 60
+            while not os.path.exists(marker) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return super().__getitem__(i)
+
+
+class HangsInAProcess(HandsOver):
+    """Hands over (`HandsOver`); a process worker hangs on every sample from ``hang_at``."""
+
+    def __init__(self, n: int, marker_dir: str, hang_at: int) -> None:
+        super().__init__(n, marker_dir, 0.002)
+        self.hang_at = hang_at
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        if i >= self.hang_at and info is not None and info.worker_method == "multiprocessing":
+            time.sleep(60)
+        return super().__getitem__(i)
+
+
+class DiesInAProcess(HandsOver):
+    """Hands over (`HandsOver`); a process worker SIGKILLs itself on any sample."""
+
+    def __init__(self, n: int, marker_dir: str) -> None:
+        super().__init__(n, marker_dir, 0.002)
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        if info is not None and info.worker_method == "multiprocessing":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
 class BadUnpickle(Dataset[Any]):
     """Pickles fine in the parent, fails to unpickle in the worker."""
 

@@ -113,10 +113,9 @@ def _install_plain_storage() -> None:
     batch stays in this process, and a /dev/shm segment per batch would only cost.
 
     From 4 MiB it is numpy's memory, which numpy advises for transparent huge pages (where
-    the kernel leaves them to ``madvise``, as Debian's does): 19 MB batches then took a
-    third of the page faults (150k against 520-720k per 300 batches) and less system time.
-    Like the shared storage of torch's worker processes, it cannot grow (``resize_``
-    within its size works)."""
+    the kernel leaves them to ``madvise``, as Debian's does): fewer page faults and less
+    system time for big batches (docs/design/figures.md#threads). Like the shared storage of
+    torch's worker processes, it cannot grow (``resize_`` within its size works)."""
     original = torch.UntypedStorage._new_shared
 
     def _new_shared(cls: type, size: int, *, device: Any = "cpu") -> torch.UntypedStorage:

@@ -186,8 +186,8 @@ class TimedNext:
     def __next__(self) -> Any:
         if profiler_enabled():
             return super().__next__()  # type: ignore[misc]  # torch's, with record_function
-        # torch's __next__ without its record_function, which costs ~45 us a batch even
-        # with no profiler (a tenth of a batch of tiny samples). Kept line for line.
+        # torch's __next__ without its record_function, which costs even with no profiler
+        # (docs/design/figures.md#threads). Kept line for line.
         if self._sampler_iter is None:
             self._reset()  # type: ignore[attr-defined]  # torch's
         data = self._next_data()

@@ -21,13 +21,12 @@ _LOG = logging.getLogger(__name__)
 ALWAYS_PRELOAD = ("torch", "steadyload.engine.process.worker")
 PROBE = "steadyload.start.server_hooks.probe"  # last: records what the server imported
 # Just before it: gc.freeze() once the imports are done, so that collections in workers do
-# not un-share the server's pages (35 MiB per worker after one full collection, measured).
+# not un-share the server's pages (docs/design/figures.md#fork-server).
 FREEZE = "steadyload.start.server_hooks.freeze"
 PATH = "steadyload.start.server_hooks.path"  # first: gives the server this process's sys.path
 # Imported by the parent, but not to be imported by a fork server (GPU or UI state, or a
-# runtime's own machinery: in a Ray Train actor, Ray's ~700 modules made the fork server's
-# first batch 3.2-5.5 s instead of 2.5-3.3 s, 370 instead of 316 MiB, and no dataset needs
-# them; see docs/design/integrations.md#ray-train).
+# runtime's own machinery, such as Ray's in a Ray Train actor: slower first batches, a
+# bigger server, and no dataset needs them; docs/design/figures.md#fork-server).
 _NEVER_PRELOAD = frozenset(
     {"tensorflow", "jax", "jaxlib", "cupy", "pycuda", "IPython", "ipykernel", "pytest",
      "_pytest", "pdb", "tkinter", "matplotlib", "multiprocess", "steadyload", "ray"}

@@ -1,7 +1,8 @@
 """start_method="zygote": a fork server made by fork() of this process, so workers share its memory.
 
-CPython's fork server is a fresh interpreter: everything it imports (torch alone is ~140 MiB
-of Python objects and libtorch tables) is a second copy next to this process's. The zygote
+CPython's fork server is a fresh interpreter: everything it imports (torch's Python objects
+and libtorch tables: docs/design/figures.md#fork-server) is a second copy next to this
+process's. The zygote
 is CPython's fork server loop (`multiprocessing.forkserver.main`) run in a *forked* copy of
 this process instead, so it and every worker forked from it share this process's pages
 until one of them writes to a page. Workers are still never forked from this process

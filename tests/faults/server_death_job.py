@@ -1,7 +1,9 @@
 """A training-like loop whose fork server dies mid-epoch; prints what it saw as JSON.
 
 Run by tests/faults/test_server_death.py in a session of its own (so that a SIGTERM to
-the process group reaches only this job): ``python server_death_job.py kill|term``.
+the process group reaches only this job): ``python server_death_job.py kill|term``; by
+tests/faults/test_handover.py as ``handover``: worker_type="auto", forced to hand over to
+processes, whose fork server is then SIGKILLed.
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 from multiprocessing import forkserver
 
 import psutil
 
 import steadyload as sl
-from tests.datasets import Slow
+from tests.datasets import HandsOver, Slow
 
 
 def _alive(pid: int) -> bool:
@@ -31,13 +34,24 @@ if __name__ == "__main__":
     if how == "term":
         # A trainer that handles SIGTERM (to save a checkpoint) survives the group's signal.
         signal.signal(signal.SIGTERM, lambda *_: None)
-    loader = sl.DataLoader(Slow(48, 0.05), batch_size=2, num_workers=4, max_restarts=3)
+    if how == "handover":
+        from steadyload.engine.choice import handover, worker_kind
+
+        handover.live_choice = lambda measured, workers, probe: worker_kind.chose(
+            "process", "forced by the test")
+        marker_dir = tempfile.mkdtemp()
+        loader = sl.DataLoader(HandsOver(48, marker_dir, 0.05, at=2), batch_size=2,
+                               num_workers=4, max_restarts=3, worker_type="auto")  # fmt: skip
+    else:
+        loader = sl.DataLoader(Slow(48, 0.05), batch_size=2, num_workers=4, max_restarts=3)
     it = iter(loader)
     got = next(it).tolist()
+    while loader.report().worker_kind != "process":  # auto: until the processes run
+        got += next(it).tolist()
     server = forkserver._forkserver._forkserver_pid
     workers = [w.pid for w in it._workers]
     preload_before = len(loader.report().preload_requested)
-    if how == "kill":
+    if how in ("kill", "handover"):
         os.kill(server, signal.SIGKILL)
     else:  # while the loop waits in next(): the race that surfaced a raw EOFError
         threading.Timer(0.2, os.killpg, (os.getpgid(0), signal.SIGTERM)).start()
@@ -48,6 +62,7 @@ if __name__ == "__main__":
         "got": got,
         "restarts": [[r.worker_id, r.cause, r.sample, r.batches_rerun] for r in report.restarts],
         "server": server,
+        "kind": report.worker_kind,
         "new_server": forkserver._forkserver._forkserver_pid,
         "old_workers_alive": [p for p in workers if _alive(p)],
         "preload_before": preload_before,

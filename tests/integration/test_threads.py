@@ -16,7 +16,8 @@ import torch
 from torch.utils.data import Dataset, get_worker_info  # bound before any thread worker runs
 
 import steadyload as sl
-from tests.datasets import FaultOnce, IterDS, MapDS, StatefulStream
+from steadyload.engine.choice import handover, worker_kind
+from tests.datasets import FaultOnce, HandsOver, IterDS, MapDS, StatefulStream
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -293,34 +294,51 @@ class Waits(MapDS):
 
 
 def _warm_fork_server() -> None:
-    # A cold fork server imports torch for a second; these tests want the hand-over inside
-    # the epoch, so they start from a warm one (as every loader after the first does).
+    # A cold fork server imports torch for a second; start from a warm one (as every loader
+    # after the first does).
     list(sl.DataLoader(MapDS(2), num_workers=1))
 
 
-def test_auto_keeps_threads_where_they_overlap() -> None:
+@pytest.fixture
+def force_auto(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``force_auto(kind)``: worker_type="auto" chooses ``kind`` at its first look, whatever
+    it measures. The rule itself is tested with injected measurements (test_worker_kind.py)
+    and measured in benchmarks/bench_peers.py; these tests are about the hand-over."""
+
+    def force(kind: str) -> None:
+        def rule(measured: Any, workers: int, probe: Any) -> Any:
+            return worker_kind.chose(kind, f"forced by the test ({kind})")
+
+        monkeypatch.setattr(handover, "live_choice", rule)
+
+    return force
+
+
+def test_auto_keeps_threads_when_it_chooses_them(force_auto: Any) -> None:
+    force_auto("thread")
     loader = sl.DataLoader(Waits(160), batch_size=4, num_workers=2, worker_type="auto")
     want = [b.tolist() for b in torch.utils.data.DataLoader(Waits(160), batch_size=4)]
     assert [b.tolist() for b in loader] == want
     report = loader.report()
-    assert report.worker_kind == "thread"
-    assert (report.worker_type_choice or "").startswith(
-        "worker_type='auto' chose thread workers: while 2 thread workers loaded ")
-    assert "the GIL was mostly free, so threads load in parallel" in str(report)
+    assert report.worker_kind == "thread" and report.start_method is None
+    forced = "worker_type='auto' chose thread workers: forced by the test (thread)"
+    assert report.worker_type_choice == forced
+    assert all(w.pid == os.getpid() for w in report.workers)
 
 
-def test_auto_hands_over_to_processes_where_the_work_holds_the_gil() -> None:
+def test_auto_hands_over_to_processes_when_it_chooses_them(
+    force_auto: Any, tmp_path: Path
+) -> None:
     _warm_fork_server()
-    ds = PurePython(640)  # long enough for the processes to start within the epoch
+    force_auto("process")
+    ds = HandsOver(160, str(tmp_path), 0.002)
     loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto")
     want = [b.tolist() for b in torch.utils.data.DataLoader(ds, batch_size=4)]
     assert [b.tolist() for b in loader] == want  # every batch once, in order, across it
     report = loader.report()
-    assert report.start_method == "forkserver", report
+    assert report.worker_kind == "process" and report.start_method == "forkserver", report
     choice = report.worker_type_choice or ""
-    assert choice.startswith("worker_type='auto' chose process workers: while 2 thread workers "
-                             "loaded ")
-    assert "the GIL was busy, so threads take turns" in choice
+    assert choice.startswith("worker_type='auto' chose process workers: forced by the test")
     assert "the first batches came from thread workers while the processes started" in choice
     assert all(w.pid != os.getpid() for w in report.workers)
     # The next epoch starts on processes at once: the choice is kept.
@@ -349,49 +367,17 @@ def test_big_thread_batches_outlive_their_loader_and_behave_as_torch_worker_batc
         kept[1].resize_(8, 3, 512, 512)
 
 
-class Cheap(MapDS):
-    """Microseconds a sample (16 floats and a label): interpreter work in short stretches."""
-
-    def __getitem__(self, i: int) -> Any:
-        return torch.full((16,), float(i)), i
-
-
-def test_auto_hands_cheap_samples_over_to_processes() -> None:
-    _warm_fork_server()
-    ds = Cheap(64 * 2500)  # some seconds on threads: the processes start within the epoch
-    loader = sl.DataLoader(ds, batch_size=64, num_workers=2, worker_type="auto")
-    want = list(torch.utils.data.DataLoader(ds, batch_size=64))
-    assert _same(list(loader), want)  # every batch once, in order, across the hand-over
-    report = loader.report()
-    choice = report.worker_type_choice or ""
-    assert report.start_method == "forkserver", choice
-    assert "samples this cheap are mostly interpreter work" in choice
-    assert "the first batches came from thread workers while the processes started" in choice
-
-
-def test_auto_keeps_cheap_samples_on_threads_when_each_task_is_one_sample() -> None:
-    ds = Cheap(20_000)  # batch_size=None: tasks of microseconds, cheaper than a process's
-    loader = sl.DataLoader(ds, batch_size=None, num_workers=2, worker_type="auto")
-    assert _same(list(loader), list(torch.utils.data.DataLoader(ds, batch_size=None)))
-    report = loader.report()
-    choice = report.worker_type_choice or ""
-    # Which of the rule's lines kept it there (cheap tasks; on a loaded machine the samples
-    # may cost past CHEAP_SAMPLE_S) is test_worker_choice's; here: threads, as chosen.
-    assert report.worker_kind == "thread", choice
-    assert choice.startswith("worker_type='auto' chose thread workers: "), choice
-
-
-class KillsInAProcess(PurePython):
-    """Holds the GIL; the first sample from ``at`` on that a process loads kills that process,
-    once (whenever the hand-over comes: with ``at=0``, while threads still hold tasks)."""
+class KillsInAProcess(HandsOver):
+    """Hands over (see `HandsOver`); the first sample from ``at`` on that a process loads
+    kills that process, once (with ``at=0``, while threads still hold tasks)."""
 
     def __init__(self, n: int, at: int, marker_dir: str) -> None:
-        super().__init__(n)
-        self.at, self.marker_dir = at, marker_dir
+        super().__init__(n, marker_dir, 0.002)
+        self.at_kill = at
 
     def __getitem__(self, i: int) -> Any:
         info = get_worker_info()
-        if i >= self.at and info is not None and info.worker_method == "multiprocessing":
+        if i >= self.at_kill and info is not None and info.worker_method == "multiprocessing":
             try:
                 os.close(os.open(os.path.join(self.marker_dir, "k"), os.O_CREAT | os.O_EXCL))
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -400,9 +386,12 @@ class KillsInAProcess(PurePython):
         return super().__getitem__(i)
 
 
-def test_a_worker_killed_across_the_hand_over_loses_and_repeats_nothing(tmp_path: Path) -> None:
+def test_a_worker_killed_across_the_hand_over_loses_and_repeats_nothing(
+    force_auto: Any, tmp_path: Path
+) -> None:
     _warm_fork_server()
-    ds = KillsInAProcess(640, 0, str(tmp_path))
+    force_auto("process")
+    ds = KillsInAProcess(160, 0, str(tmp_path))
     want = [b.tolist() for b in torch.utils.data.DataLoader(ds, batch_size=4)]  # no worker: no kill
     loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto")
     assert [b.tolist() for b in loader] == want

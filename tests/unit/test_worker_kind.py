@@ -1,4 +1,4 @@
-"""worker_choice.py: the GIL probe against real threads, and the rule that reads it."""
+"""engine/choice/worker_kind.py: the GIL probe against real threads, and the rule that reads it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from steadyload.engine.choice import worker_kind as worker_choice
+from steadyload.engine.choice import worker_kind
 from steadyload.engine.choice.worker_kind import GilProbe, live_choice
 
 
@@ -50,7 +50,10 @@ def test_the_probe_tells_a_busy_gil_from_a_free_one() -> None:
     interval = sys.getswitchinterval()
     free = _probe_while(lambda: time.sleep(0.002))  # releases the GIL, as I/O or decode do
     busy = _probe_while(_python_loop)
-    assert free < worker_choice.BUSY_SHARE * interval <= busy, (free, busy)
+    # A GIL held for 10 ms at a stretch makes every probe wait for the switch interval;
+    # how little a free one waits depends on the machine's load, so only its order is
+    # asserted (the line between them is the rule's, tested with injected figures below).
+    assert worker_kind.BUSY_SHARE * interval <= busy and free < busy / 2, (free, busy)
 
 
 def test_the_rule_waits_for_enough_batches_probes_and_time() -> None:
@@ -74,7 +77,7 @@ def test_cheap_samples_go_to_processes_though_the_gil_looks_free() -> None:
     assert "but a sample took 16 us: samples this cheap are mostly interpreter work" in (
         cheap.reason)
     assert "and a batch (1.0 ms) is worth sending, so processes load faster" in cheap.reason
-    at_the_line = live_choice((600, 600 * 64, 600 * 64 * worker_choice.CHEAP_SAMPLE_S), 2,
+    at_the_line = live_choice((600, 600 * 64, 600 * 64 * worker_kind.CHEAP_SAMPLE_S), 2,
                               free_gil)  # fmt: skip
     assert at_the_line is not None and at_the_line.kind == "thread"
     one_a_batch = live_choice((12000, 12000, 0.24), 2, free_gil)  # batch_size=None: 20 us

@@ -11,22 +11,24 @@ free GIL is taken at once (tens of microseconds), a busy one only when its holde
 of the switch interval, is how much a thread that wants the GIL waits for it. A busy GIL
 (threads that hold it, or the training loop itself competing with them) means the threads
 take turns: the loader starts process workers and hands the next batches over to them
-(engine/handover.py). Otherwise threads are kept: they cost less (no start-up, no transport,
+(handover.py). Otherwise threads are kept: they cost less (no start-up, no transport,
 one copy of the dataset) for the same speed.
 
 Why not their CPU share (CPU time over wall time, times the threads), tried first: it reads
 a machine busy with other processes, or memory-bound copies, as waiting, and GIL-holding
-Python measured 0.82-1.37 CPUs' worth across runs here, overlapping JPEG decode (1.25-1.49).
-The probe's delays stay apart (bench_peers workloads on this machine: JPEG decode, 19 MB
-batches and tiny samples 0.15-0.65 ms, pure Python 2.6-11 ms).
+Python overlapped GIL-free decode on it; the probe's delays stay apart.
 
 Cheap samples are the exception the probe cannot see: a sample of a few microseconds (16
 floats and a label) is interpreter work in short stretches, and every torch call hands
-the GIL over, so the probe finds it free at once while the threads still take turns at it.
-Two such thread workers loaded fewer samples per second here (93-149k) than one thread
-alone (400k), and processes more (150-190k). So when the threads' samples cost less than
-`CHEAP_SAMPLE_S` each, processes are chosen too, provided a batch costs the threads at
-least `MIN_PROCESS_BATCH_S` (a process worker's batch has a cost of its own to receive).
+the GIL over, so the probe finds it free at once while the threads still take turns at it
+(two such thread workers loaded fewer samples per second than one thread alone). So when
+the threads' samples cost less than `CHEAP_SAMPLE_S` each, processes are chosen too,
+provided a batch costs the threads at least `MIN_PROCESS_BATCH_S` (a process worker's
+batch has a cost of its own to receive).
+
+Every constant below is a line drawn between measured figures; the figures are in
+docs/design/figures.md#auto, and the rule is tested with injected measurements
+(tests/unit/test_worker_kind.py).
 
 Some loaders are never started on threads: a stream (its position lives in the replica
 that reads it, which cannot move to a process), a ``worker_init_fn`` (it would run in this
@@ -46,17 +48,15 @@ _LOG = logging.getLogger(__name__)
 
 BUSY_SHARE = 0.2
 """The probe's mean delay, as a share of the switch interval, from which the GIL is busy
-(measured here: GIL-free work 3-13%, pure Python 50-221%)."""
+(between GIL-free work and pure Python as measured)."""
 PROBE_SLEEP_S = 0.001
 CHEAP_SAMPLE_S = 50e-6
 """A thread's cost per sample below which processes load faster though the GIL looks free
-(measured here: 64 tiny samples a batch, 13-23 us each on threads; JPEG decode, 19 MB
-batches and pure Python 0.5-2.8 ms)."""
+(between tiny samples and every other workload as measured)."""
 MIN_PROCESS_BATCH_S = 0.5e-3
 """The cost of a batch to the threads from which cheap samples go to processes: a process
-worker's batch costs the main process about 150 us (receive, rebuild, bookkeeping; 137-158
-us measured on tiny batches), so below it threads stay ahead (measured here on tiny
-samples: threads ahead at 8 a batch, level at 16 and 32, processes 1.4x at 64)."""
+worker's batch has a cost of its own to the main process (receive, rebuild, bookkeeping),
+so below this threads stay ahead."""
 MIN_PROBES = 30
 MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding
 MIN_WALL_S = 0.2  # and this much loading time, summed over the threads: a pause of this

@@ -22,11 +22,11 @@ def single_threaded_ops() -> None:
     workers do (`torch.set_num_threads(1)` in each; torchdata's thread workers too).
 
     Each thread worker's parallel op (a fill, a copy, ``torch.stack(out=)`` in
-    default_collate) otherwise brings its own team of intra-op threads: on 2 cores, 2
-    workers made 5 busy threads, and 2-3 times the context switches of a single-threaded
-    worker. Under OpenMP the count is per thread (the training thread keeps its own); the
-    caller restores the process-wide default for threads made later (`restore_default`).
-    Under torch's native pool the count is process-wide: left alone there.
+    default_collate) otherwise brings its own team of intra-op threads, more busy threads
+    than cores (docs/design/figures.md#threads). Under OpenMP the count is per thread (the
+    training thread keeps its own); the caller restores the process-wide default for threads
+    made later (`restore_default`). Under torch's native pool the count is process-wide:
+    left alone there.
     """
     if _openmp():
         # First torch's lazy per-thread set-up, which would later copy the process-wide
