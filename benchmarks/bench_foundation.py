@@ -190,7 +190,9 @@ def main() -> None:
         print(f"    {name:12s} {rate:6.2f} GB/s of batches; "
               f"memcpy of the same bytes: {gbps:6.2f} GB/s")
     if args.json:
-        args.json.write_text(json.dumps({"medians": med, "raw": results}, indent=1))
+        from bench_json import write_json
+
+        write_json(args.json, {"medians": med, "raw": results})
 
 
 if __name__ == "__main__":

@@ -228,7 +228,9 @@ def main() -> None:
         print(f"{label:50s} torch {mt:9.1f} ({min(t):.0f}-{max(t):.0f})   steadyload "
               f"{ms:9.1f} ({min(s):.0f}-{max(s):.0f})   ratio {ms / mt:5.2f}x")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        from bench_json import write_json
+
+        write_json(args.json, {"batches_kept": args.batches, "results": results})
 
 
 if __name__ == "__main__":

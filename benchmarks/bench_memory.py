@@ -3,6 +3,7 @@ forkserver) against steadyload + SharedList (forkserver, and the opt-in zygote).
 variant runs in a fresh process.
 
 Usage: python benchmarks/bench_memory.py [--records N] [--repeat R] [--variants a,b]
+                                         [--json out.json]
 
 Printed for each: total PSS of the parent, the fork server or zygote (if any) and the
 workers, before the loader, at the first batch and at the end of the epoch, as multiples of
@@ -129,7 +130,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="fresh runs per figure (median)")
     ap.add_argument("--variants", default="fork,forkserver,steadyload,zygote",
                     help="comma-separated subset of fork,forkserver,steadyload,zygote")
+    ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    variants: dict[str, dict[str, float | None]] = {}
     gib = 1 << 30
     wanted = args.variants.split(",")
     print(f"{args.records:,} records, batch 1024, 2 workers; PSS totals (parent + fork "
@@ -154,6 +157,18 @@ def main() -> None:
             paid = full["end"] - empty["end"]
             print(f"{'':32s} metadata paid: {paid / gib:.3f}G (end minus empty-dataset end) "
                   f"for a {full['shared'] / gib:.3f}G SharedList: {paid / full['shared']:.2f}x")
+        variants[kind] = {  # [Unit: byte], but ratio and growth
+            "before": full["before"], "first": full["first"], "end": full["end"],
+            "ratio": full["ratio"], "growth": (full["end"] - full["first"]) / full["first"],
+            "empty_end": empty["end"], "fixed_cost": empty["end"] - empty["before"],
+            "shared": full["shared"] or None,
+            "metadata_paid": full["end"] - empty["end"] if full["shared"] else None,
+        }
+    if args.json:
+        from bench_json import write_json
+
+        write_json(args.json, {"records": args.records, "repeat": args.repeat,
+                               "variants": variants})
 
 
 if __name__ == "__main__":

@@ -354,8 +354,11 @@ def main() -> None:
                          + (f"\n      {r['choice']}" if r.get("choice") else "")), flush=True)
     summary = _table(runs, workloads, loaders)
     if args.json:
-        args.json.write_text(json.dumps({"runs": {f"{w}/{k}": v for (w, k), v in runs.items()},
-                                         "summary": summary}, indent=1))
+        from bench_json import write_json
+
+        write_json(args.json, {"reps": args.reps,
+                               "runs": {f"{w}/{k}": v for (w, k), v in runs.items()},
+                               "summary": summary})
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float | None:

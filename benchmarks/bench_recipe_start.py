@@ -1,7 +1,7 @@
 """Worker start for a script shaped like the LoRA recipe: torch's forkserver DataLoader vs
 steadyload, each in fresh processes, interleaved.
 
-Usage: python benchmarks/bench_recipe_start.py [--reps N] [--model-layers L]
+Usage: python benchmarks/bench_recipe_start.py [--reps N] [--model-layers L] [--json out.json]
 
 The script under test imports torch, transformers and peft at the top, defines its dataset
 in ``__main__``, and under ``if __name__ == "__main__":`` builds the loader (2 workers),
@@ -76,6 +76,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--model-layers", type=int, default=4)
+    ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     results: dict[str, list[dict[str, float]]] = {k: [] for k in KINDS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,6 +105,11 @@ def main() -> None:
         m = med[kind]
         print(f"{names[kind]:28s} {m['wait_s']:15.3f} s {m['wait_s'] / base['wait_s']:6.2f}x "
               f"{m['script_s']:18.3f} s {m['script_s'] / base['script_s']:6.2f}x")
+    if args.json:
+        from bench_json import write_json
+
+        write_json(args.json, {"reps": args.reps, "model_layers": args.model_layers,
+                               "medians": med, "raw": results})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What a worker death costs: steadyload recovers; torch's DataLoader loses the epoch.
 
-Usage: python benchmarks/bench_recovery.py [--reps N]
+Usage: python benchmarks/bench_recovery.py [--reps N] [--json out.json]
 
 An epoch of 400 samples (about 2 ms of work each, batch 4, 2 workers) runs without a fault
 and with worker 0 SIGKILLed from outside after the 10th batch, interleaved. Printed:
@@ -68,6 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
     def make() -> Any:
@@ -84,12 +85,25 @@ def main() -> None:
           f"(+{med(faulty, 'epoch_s') - med(clean, 'epoch_s'):.3f} s)")
     print(f"  kill -> next batch in the loop:     {med(faulty, 'next_s') * 1e3:.1f} ms")
     print(f"  kill -> dead worker's batches back: {med(faulty, 'recovered_s') * 1e3:.1f} ms")
+    torch_outcome = "the epoch completed (unexpected)"
     try:
         epoch(lambda: torch.utils.data.DataLoader(Work(), batch_size=4, num_workers=2), 10)
         print("torch: the epoch completed (unexpected)")
     except RuntimeError as exc:
-        first = str(exc).splitlines()[0]
-        print(f"torch's DataLoader with the same kill: the epoch is lost: {first}")
+        torch_outcome = str(exc).splitlines()[0]
+        print(f"torch's DataLoader with the same kill: the epoch is lost: {torch_outcome}")
+    if args.json:
+        from bench_json import write_json
+
+        write_json(args.json, {
+            "reps": args.reps,
+            "medians": {"clean_epoch_s": med(clean, "epoch_s"),
+                        "faulty_epoch_s": med(faulty, "epoch_s"),
+                        "next_s": med(faulty, "next_s"),
+                        "recovered_s": med(faulty, "recovered_s")},
+            "raw": {"clean": clean, "faulty": faulty},
+            "torch_error": torch_outcome,
+        })
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The README's demo: LoRA fine-tuning of a (tiny, offline) Qwen2.5-VL, num_workers=0 vs 2
-steadyload forkserver workers, side by side.
+"""The demo: LoRA fine-tuning of a (tiny, offline) Qwen2.5-VL, num_workers=0 vs 2
+steadyload forkserver workers, side by side (the story: examples/lora_vlm/README.md).
 
 Run: python3 dev.py demo   (or: python examples/lora_vlm/demo.py [--steps N])
 

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if __name__ == "__main__":
     # First thing: the fork server imports what the workers need (torch, PIL, and the
     # processor code in tiny_vlm, which imports transformers) while this process does too.
-    sl.prestart(["torch", "PIL.Image", "steadyload.engine.process.worker", "tiny_vlm"])
+    sl.prestart(["torch", "PIL.Image", "tiny_vlm"])
 
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 if __name__ == "__main__":
     # First thing, as in train.py: the fork server imports what the workers need (the
     # dataset's module and the Trainer's seed_worker) while this process imports them too.
-    sl.prestart(["torch", "PIL.Image", "steadyload.engine.process.worker", "tiny_vlm", "train",
+    sl.prestart(["torch", "PIL.Image", "tiny_vlm", "train",
                  "transformers.trainer_utils"])
 
 import torch  # noqa: E402

@@ -36,10 +36,10 @@ from typing import Any
 import steadyload
 
 if __name__ == "__main__":
-    # As the README advises, first thing: the fork server imports what the workers need (the
-    # Trainer's collator wrapper and seed_worker, TRL's collator) while this process imports
-    # transformers too.
-    steadyload.prestart(["torch", "steadyload.engine.process.worker", "tests.frameworks.hf_common",
+    # As docs/guide/fork-safety.md advises, first thing: the fork server imports what the
+    # workers need (the Trainer's collator wrapper and seed_worker, TRL's collator) while this
+    # process imports transformers too.
+    steadyload.prestart(["torch", "tests.frameworks.hf_common",
                          "transformers.trainer_utils", "trl.trainer.sft_trainer"])
 
 import psutil  # noqa: E402

@@ -1,4 +1,5 @@
-"""House style checks run with the tests: ruff (incl. implicit string concatenation) and mypy."""
+"""House style checks run with the tests: ruff (incl. implicit string concatenation), mypy,
+and codespell over the docs, code, examples, benchmarks and tests."""
 
 from __future__ import annotations
 
@@ -23,3 +24,16 @@ def test_ruff() -> None:
 def test_mypy_strict_on_the_package() -> None:
     out = _run("mypy", "steadyload")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# What people read: the front page, guides, design notes, changelog, and every comment,
+# docstring and message in the code. Its configuration (skips, words it must not flag) is
+# [tool.codespell] in pyproject.toml.
+SPELLCHECKED = (
+    "README.md", "CHANGELOG.md", "docs", "steadyload", "examples", "benchmarks", "tests",
+)  # fmt: skip
+
+
+def test_codespell() -> None:
+    out = _run("codespell_lib", *SPELLCHECKED)
+    assert out.returncode == 0, "codespell found typos:\n" + out.stdout + out.stderr

@@ -1,0 +1,473 @@
+"""Write docs/benchmarks.md (and its plots) from the committed JSON in benchmarks/results/.
+
+Usage: python3 benchmarks/render_docs.py [--results DIR] [--out DIR] [--no-plots]
+
+Each benchmark writes its figures with ``--json`` (see bench_json.py); a result worth
+publishing is committed as ``benchmarks/results/<name>.json`` and this script turns all of
+them into one page, each table under the provenance its file records (source, command,
+date, commit, machine). The page is generated: edit the JSON or this script, never the
+page. ``tests/unit/test_docs.py`` checks that the committed page is what this script
+writes. Plots (PNG, matplotlib's Agg backend) go to ``docs/benchmarks/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = ROOT / "docs"
+PLOTS = "benchmarks"  # folder of the PNGs, relative to the page
+
+Plot = Callable[[Path], None]
+Section = tuple[list[str], list[tuple[str, Plot]]]
+
+MIB, GIB = 2**20, 2**30
+
+PEER_NAMES = {
+    "torch-fork": "torch, fork",
+    "torch-forkserver": "torch, forkserver",
+    "sl-process": "steadyload, process",
+    "sl-thread": "steadyload, thread",
+    "sl-auto": "**steadyload, auto**",
+    "tdn-thread": "torchdata.nodes, thread",
+    "tdn-process": "torchdata.nodes, process",
+    "spdl-thread": "SPDL, thread",
+    "grain-process": "Grain, DataLoader (processes)",
+    "grain-thread": "Grain, IterDataset (threads)",
+}
+WORKLOAD_NAMES = {
+    "jpeg": "JPEG decode + resize",
+    "python": "pure Python (GIL)",
+    "tiny": "tiny samples",
+    "big": "19 MB batches",
+}
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 1000 else f"{x:,.1f}"
+
+
+def _provenance(data: dict[str, Any]) -> list[str]:
+    lines = [f"> Source: {data['source']}.  "]
+    lines.append(f"> Command: `{data['command']}`; date {data['date']}, commit "
+                 f"{data.get('commit') or 'unknown'}; machine: {data['machine']}.")
+    return [*lines, ""]
+
+
+def _notes(data: dict[str, Any]) -> list[str]:
+    notes = data.get("notes") or []
+    return [*(f"- {note}" for note in notes), *([""] if notes else [])]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+    ]
+
+
+# -- one section per results file ---------------------------------------------------------
+def foundation(data: dict[str, Any]) -> Section:
+    med = data["medians"]
+    fresh, warm = med["a_fresh"], med["a_warm"]
+    sl_fresh, sl_warm = fresh["steadyload"], warm["steadyload"]
+    rows = [
+        ["(a) first batch, fresh process, vs torch fork", f"{fresh['torch-fork']:.3f} s",
+         f"{sl_fresh:.3f} s", f"{sl_fresh / fresh['torch-fork']:.2f}x"],
+        ["(a) first batch, fresh process, vs torch forkserver with torch preloaded",
+         f"{fresh['torch-forkserver-preload']:.3f} s", f"{sl_fresh:.3f} s",
+         f"{sl_fresh / fresh['torch-forkserver-preload']:.2f}x"],
+        ["(a) first batch, fresh process, vs torch forkserver / spawn",
+         f"{fresh['torch-forkserver']:.3f} / {fresh['torch-spawn']:.3f} s", f"{sl_fresh:.3f} s",
+         f"{sl_fresh / fresh['torch-forkserver']:.2f}x / {sl_fresh / fresh['torch-spawn']:.2f}x"],
+        ["(a) first batch, 2nd loader in the process, vs torch fork",
+         f"{warm['torch-fork']:.3f} s", f"{sl_warm:.3f} s",
+         f"{sl_warm / warm['torch-fork']:.2f}x"],
+        ["(a) first batch, 2nd loader, vs torch forkserver with preload / plain / spawn",
+         (f"{warm['torch-forkserver-preload']:.3f} / {warm['torch-forkserver']:.3f} / "
+         f"{warm['torch-spawn']:.3f} s"), f"{sl_warm:.3f} s",
+         " / ".join(f"{sl_warm / warm[k]:.2f}x"
+                    for k in ("torch-forkserver-preload", "torch-forkserver", "torch-spawn"))],
+    ]
+    batch_gb = 32 * 3 * 224 * 224 * 4 / 1e9
+    for key, label, unit in (("b_cpu", "(b) CPU-bound dataset, ~5 ms/sample", "samples/s"),
+                             ("c_tiny", "(c) tiny samples, batch 64 (per-batch overhead)",
+                              "samples/s"),
+                             ("d_images", "(d) 19 MB batches (32x3x224x224 float32), no compute",
+                              "batches/s")):
+        t, s = med[key]["torch-fork"], med[key]["steadyload"]
+        extra = (lambda x: f" ({x * batch_gb:.1f} GB/s)") if key == "d_images" else (lambda x: "")
+        rows.append([label, f"{_rate(t)} {unit}{extra(t)}", f"{_rate(s)} {unit}{extra(s)}",
+                     f"{s / t:.2f}x"])
+    lines = [
+        "## Time to the first batch and throughput against torch",
+        "",
+        "torch's DataLoader and steadyload side by side in one run, 2 workers each. (a) is the",
+        "time from building the loader to the first batch, each loader in a fresh process",
+        "(starting the fork server and importing torch there included), then a second loader",
+        "in the same process. (b)-(d) run interleaved in one process, timed from the first",
+        "batch to the last (worker start-up excluded); torch uses fork there. Ratios are",
+        "steadyload / torch: above 1 is better for rates, below 1 for times.",
+        "",
+        *_provenance(data),
+        *_table(["measurement", "torch", "steadyload", "steadyload / torch"], rows),
+        (f"memcpy of the same 19 MB on this machine: {med['d_memcpy_gbps']['memcpy']:.1f} GB/s "
+        "(warm cache)."),
+        "",
+        *_notes(data),
+    ]
+    return lines, []
+
+
+def _peer_rows(summary: dict[str, Any], workloads: list[str], loaders: list[str],
+               cell: Callable[[dict[str, Any], dict[str, Any]], str]) -> list[list[str]]:
+    rows = []
+    for kind in loaders:
+        row = [PEER_NAMES.get(kind, kind)]
+        for w in workloads:
+            r, base = summary[w].get(kind), summary[w].get("torch-fork")
+            row.append("-" if not r or r.get("rate") is None else cell(r, base or {}))
+        rows.append(row)
+    return rows
+
+
+def peers(data: dict[str, Any]) -> Section:
+    summary = data["summary"]
+    workloads = [w for w in WORKLOAD_NAMES if w in summary]
+    loaders = [k for k in PEER_NAMES if any(k in summary[w] for w in workloads)]
+
+    def throughput(r: dict[str, Any], base: dict[str, Any]) -> str:
+        ratio = f" {r['rate'] / base['rate']:.2f}x" if base.get("rate") else ""
+        return f"{r['rate']:,.0f}/s{ratio}" + ("" if r["same"] else " ‡")
+
+    def start(r: dict[str, Any], base: dict[str, Any]) -> str:
+        return f"{r['first_s'] * 1e3:.0f} ms / {r['peak_pss'] / MIB:.0f} MiB"
+
+    goals = []
+    for w in workloads:
+        rows = summary[w]
+        auto = rows.get("sl-auto")
+        same_peers = {k: r for k, r in rows.items()
+                      if not k.startswith("sl-") and r.get("rate") and r.get("same")}
+        if not auto or not auto.get("rate") or not same_peers:
+            continue
+        best = max(same_peers, key=lambda k: same_peers[k]["rate"])
+        lean = min(same_peers, key=lambda k: same_peers[k]["peak_pss"])
+        fork = rows.get("torch-fork", {})
+        goals.append([
+            WORKLOAD_NAMES[w],
+            f"{auto['rate'] / same_peers[best]['rate']:.2f}x ({PEER_NAMES[best]})",
+            f"{auto['first_s'] / fork['first_s']:.2f}x" if fork.get("first_s") else "-",
+            f"{auto['peak_pss'] / same_peers[lean]['peak_pss']:.2f}x ({PEER_NAMES[lean]})",
+        ])
+    names = [WORKLOAD_NAMES[w] for w in workloads]
+    png = "peers_throughput.png"
+    lines = [
+        "## steadyload against torch and the peer loaders",
+        "",
+        "steadyload against torch and the peer loaders (torchdata.nodes, SPDL, Grain; installed",
+        "by the script into a bench-only `.venv-peers`, never steadyload's dependencies), four",
+        "workloads, 2 workers each, every run a fresh process, repetitions interleaved,",
+        "medians. samples/s is the steady state: the second half of the run (start-up, warm-up",
+        "and `worker_type=\"auto\"`'s hand-over fall in the first half and in the first-batch",
+        "time). \"first\" is the loader built to its first batch (imports and one garbage",
+        "collection done before); PSS is the peak of the process tree, sampled every 100 ms.",
+        "Every loader's batches are checked against torch's in-process batches; ‡ marks a",
+        "loader whose batches differ (not like for like). Ratios are against torch with fork.",
+        "",
+        *_provenance(data),
+        f"![samples/s per workload and loader]({PLOTS}/{png})",
+        "",
+        *_table(["loader", *names], _peer_rows(summary, workloads, loaders, throughput)),
+        *_table(["first batch / peak PSS", *names],
+                _peer_rows(summary, workloads, loaders, start)),
+        "`worker_type=\"auto\"` against the best loader with the same batches (throughput),",
+        "torch with fork (first batch) and the leanest loader with the same batches (peak PSS):",
+        "",
+        *_table(["workload", "throughput", "first batch vs torch fork", "peak PSS"], goals),
+        *_notes(data),
+    ]
+
+    def plot(out: Path) -> None:
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 4.5),
+                                 sharey=True)
+        for ax, w in zip(axes, workloads, strict=True):
+            kinds = [k for k in loaders if summary[w].get(k, {}).get("rate")]
+            rates = [summary[w][k]["rate"] for k in kinds]
+            colors = ["tab:red" if k == "sl-auto" else
+                      "tab:orange" if k.startswith("sl-") else "tab:gray" for k in kinds]
+            ax.barh(range(len(kinds)), rates, color=colors)
+            ax.set_yticks(range(len(kinds)),
+                          [PEER_NAMES[k].strip("*") for k in kinds], fontsize=8)
+            ax.set_title(WORKLOAD_NAMES[w], fontsize=10)
+            ax.set_xlabel("samples/s")
+            ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:g}k" if x >= 1000 else f"{x:g}")
+            ax.tick_params(axis="x", labelsize=7)
+        axes[0].invert_yaxis()  # shared: once for all, torch first
+        fig.suptitle("Steady-state samples/s, 2 workers (medians)", fontsize=11)
+        fig.tight_layout()
+        fig.savefig(out / png, dpi=100)
+        plt.close(fig)
+
+    return lines, [(png, plot)]
+
+
+def kept_tensors(data: dict[str, Any]) -> Section:
+    res = data["results"]
+
+    def med(section: str, kind: str) -> float:
+        values = sorted(res[section][kind])
+        return values[len(values) // 2]
+
+    rows = []
+    n = data["batches_kept"]
+    if "mem_shared_mib" in res:
+        rows.append([(f"labels of {n} batches of 19 MB images kept: shared memory held after "
+                     "the epoch"), f"{med('mem_shared_mib', 'torch'):.1f} MiB",
+                     f"{med('mem_shared_mib', 'steadyload'):.1f} MiB"])
+    if "mem_fds" in res:
+        rows.append(["the same: descriptors held", f"+{med('mem_fds', 'torch'):.0f}",
+                     f"+{med('mem_fds', 'steadyload'):.0f}"])
+    for section, label, unit in (("images", "19 MB batches", "batches/s"),
+                                 ("tiny", "tiny samples, batch 64", "samples/s"),
+                                 ("many_small", "32 small tensors per sample, batch 32",
+                                  "samples/s")):
+        t, s = med(section, "torch"), med(section, "steadyload")
+        rows.append([label, f"{_rate(t)} {unit}", f"{_rate(s)} {unit} ({s / t:.2f}x)"])
+    lines = [
+        "## What kept tensors cost",
+        "",
+        "What the tensors a training loop keeps cost, and the transport figures that must not",
+        "regress: 2 workers, the memory run with each loader in a fresh process, throughput",
+        "interleaved in one process (torch with fork), timed from the first batch to the last.",
+        "",
+        *_provenance(data),
+        *_table(["measurement", "torch", "steadyload"], rows),
+        *_notes(data),
+    ]
+    return lines, []
+
+
+def recipe_start(data: dict[str, Any]) -> Section:
+    med = data["medians"]
+    names = {
+        "forkserver": "torch, forkserver",
+        "fork": "torch, fork (not GPU-safe)",
+        "steadyload": "steadyload, loader built before the model",
+        "steadyload-prestart": "steadyload + `prestart()` as the script's first statement",
+    }
+    base = med["forkserver"]
+    rows = [[names[k], f"{m['wait_s']:.2f} s", f"{m['wait_s'] / base['wait_s']:.2f}x",
+             f"{m['script_s']:.2f} s", f"{m['script_s'] / base['script_s']:.2f}x"]
+            for k, m in med.items()]
+    model_s = med.get("steadyload", base)["model_s"]
+    lines = [
+        "## First batch of a script shaped like the LoRA recipe",
+        "",
+        "A script shaped like the LoRA recipe (torch, transformers and peft imported at the",
+        "top, dataset in `__main__`, loader built with 2 workers, then a Qwen2 model built from",
+        "a config and wrapped with LoRA, then the first batch), each variant in fresh",
+        "processes: the wait for the first batch inside `next()`, and the script's start to",
+        "the first batch.",
+        "",
+        *_provenance(data),
+        *_table([f"variant (medians of {data['reps']}, model build {model_s:.2f} s)",
+                 "first-batch wait", "ratio", "script start to first batch", "ratio"], rows),
+        *_notes(data),
+    ]
+    return lines, []
+
+
+def recovery(data: dict[str, Any]) -> Section:
+    m = data["medians"]
+    rows = [
+        ["epoch without a fault", f"{m['clean_epoch_s']:.3f} s"],
+        ["epoch with worker 0 SIGKILLed after the 10th batch",
+         (f"{m['faulty_epoch_s']:.3f} s "
+         f"(+{(m['faulty_epoch_s'] - m['clean_epoch_s']) * 1e3:.0f} ms)")],
+        ["kill to the next batch in the loop", f"{m['next_s'] * 1e3:.1f} ms"],
+        ["kill to every batch the dead worker held delivered again",
+         f"{m['recovered_s'] * 1e3:.0f} ms"],
+        ["torch's DataLoader with the same kill", f"the epoch is lost: `{data['torch_error']}`"],
+    ]
+    lines = [
+        "## Recovery from a worker killed mid-epoch",
+        "",
+        "An epoch of 400 samples (about 2 ms of work each, batch 4, 2 workers) without a fault",
+        "and with worker 0 SIGKILLed from outside after the 10th batch, interleaved; medians",
+        f"of {data['reps']}.",
+        "",
+        *_provenance(data),
+        *_table(["steadyload", "time"], rows),
+        *_notes(data),
+    ]
+    return lines, []
+
+
+MEMORY_NAMES = {
+    "fork": "(i) torch + list, fork",
+    "forkserver": "(ii) torch + list, forkserver",
+    "steadyload": "(iii) steadyload + SharedList (forkserver, the default)",
+    "zygote": "(iv) steadyload + SharedList, `start_method=\"zygote\"`",
+}
+
+MEMORY_SHORT = {
+    "fork": "torch + list,\nfork",
+    "forkserver": "torch + list,\nforkserver",
+    "steadyload": "SharedList,\nforkserver",
+    "zygote": "SharedList,\nzygote",
+}
+
+
+def memory(data: dict[str, Any]) -> Section:
+    variants = data["variants"]
+
+    def gib(x: float | None, digits: int = 2) -> str:
+        return "-" if x is None else f"{x / GIB:.{digits}f} GiB"
+
+    rows = []
+    for kind, v in variants.items():
+        paid = ("-" if v["metadata_paid"] is None else
+                f"{gib(v['metadata_paid'], 3)} for a {gib(v['shared'], 3)} SharedList "
+                f"({v['metadata_paid'] / v['shared']:.2f}x)")
+        rows.append([MEMORY_NAMES.get(kind, kind), gib(v["before"]), gib(v["first"]),
+                     gib(v["end"]), f"{v['ratio']:.2f}x", f"{v['growth']:+.1%}",
+                     gib(v["empty_end"]), gib(v["fixed_cost"], 3), paid])
+    png = "memory.png"
+    lines = [
+        "## Memory of metadata records over an epoch",
+        "",
+        f"{data['records']:,} metadata dicts, batch 1024, 2 persistent workers: total PSS of",
+        "the parent, the fork server or zygote (if any) and the workers, before the loader, at",
+        "the first batch and at the end of the epoch; growth over the epoch; the same loader's",
+        "total over a 2-record dataset (the fixed cost of the server and the workers, which",
+        "isolates what the metadata costs). Each variant runs in fresh processes; medians of",
+        f"{data['repeat']}.",
+        "",
+        *_provenance(data),
+        f"![total PSS before, at the first batch and at the end of the epoch]({PLOTS}/{png})",
+        "",
+        *_table(["variant", "before the loader", "first batch", "end of epoch", "end / before",
+                 "growth over the epoch", "same loader, 2 records", "fixed cost of the workers",
+                 "metadata paid"], rows),
+        *_notes(data),
+    ]
+
+    def plot(out: Path) -> None:
+        import matplotlib.pyplot as plt
+
+        kinds = list(variants)
+        fig, ax = plt.subplots(figsize=(8, 4))
+        width = 0.27
+        for i, (key, label) in enumerate((("before", "before the loader"),
+                                          ("first", "first batch"), ("end", "end of epoch"))):
+            ax.bar([x + (i - 1) * width for x in range(len(kinds))],
+                   [variants[k][key] / GIB for k in kinds], width, label=label)
+        ax.set_xticks(range(len(kinds)), [MEMORY_SHORT.get(k, k) for k in kinds], fontsize=8)
+        ax.set_ylabel("total PSS [GiB]")
+        ax.set_title(f"{data['records']:,} metadata records, 2 workers (medians)", fontsize=10)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / png, dpi=100)
+        plt.close(fig)
+
+    return lines, [(png, plot)]
+
+
+def shared_list(data: dict[str, Any]) -> Section:
+    rows = []
+    for kind, m in data["ns_per_read"].items():
+        rows.append([kind, f"{m['list']:.0f}", f"{m['shared']:.0f}",
+                     f"{m['shared'] / m['list']:.1f}x",
+                     f"{m['list_ds']:.0f} / {m['shared_ds']:.0f}",
+                     f"{m['shared_ds'] / m['list_ds']:.1f}x"])
+    lines = [
+        "## SharedList random reads",
+        "",
+        f"Random reads from {data['records']:,} records: CPU time per read in ns, best of 7",
+        "rounds, the variants interleaved; directly (`rows[i]`) and through a Dataset's",
+        "`__getitem__` (what a DataLoader does). Ratios are SharedList / list.",
+        "",
+        *_provenance(data),
+        *_table(["records", "Python list", "SharedList", "ratio",
+                 "through `__getitem__`: list / SharedList", "ratio"], rows),
+        *_notes(data),
+    ]
+    return lines, []
+
+
+SECTIONS: dict[str, Callable[[dict[str, Any]], Section]] = {
+    "foundation": foundation,
+    "peers": peers,
+    "kept_tensors": kept_tensors,
+    "recipe_start": recipe_start,
+    "recovery": recovery,
+    "memory": memory,
+    "shared_list": shared_list,
+}
+
+HEADER = [
+    "<!-- Generated by `python3 benchmarks/render_docs.py` from benchmarks/results/*.json:",
+    "     do not edit by hand (tests/unit/test_docs.py checks it). -->",
+    "# Benchmarks",
+    "",
+    "This page is generated by `python3 benchmarks/render_docs.py` from the JSON files in",
+    "[benchmarks/results/](../benchmarks/results/); do not edit it by hand. Each table says",
+    "where its figures come from: the command that measured them, the date, the commit and",
+    "the machine. To publish new figures, run a benchmark with",
+    "`--json benchmarks/results/NAME.json`, then the renderer. Every benchmark compares",
+    "loaders in one run on one machine, so the ratios are the figures to read; absolute",
+    "rates depend on the machine.",
+    "",
+]
+
+
+def render(results: Path, out: Path, plots: bool = True) -> Path:
+    """Write ``out/benchmarks.md`` (and, with ``plots``, ``out/benchmarks/*.png``)."""
+    lines = list(HEADER)
+    toc: list[str] = []
+    figures: list[tuple[str, Plot]] = []
+    for name, section in SECTIONS.items():
+        path = results / f"{name}.json"
+        if not path.exists():
+            continue
+        body, section_plots = section(json.loads(path.read_text()))
+        title = body[0].removeprefix("## ")
+        anchor = "".join(c for c in title.lower() if c.isalnum() or c in " -_").replace(" ", "-")
+        toc.append(f"- [{title}](#{anchor}) (`benchmarks/results/{name}.json`)")
+        lines += body
+        figures += section_plots
+    lines[len(HEADER):len(HEADER)] = [*toc, ""]
+    page = out / "benchmarks.md"
+    page.write_text("\n".join(lines).rstrip() + "\n")
+    if plots and figures:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        (out / PLOTS).mkdir(exist_ok=True)
+        for _, plot in figures:
+            plot(out / PLOTS)
+    return page
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=DOCS)
+    ap.add_argument("--no-plots", action="store_true", help="write the page only")
+    args = ap.parse_args()
+    print(render(args.results, args.out, plots=not args.no_plots))
+
+
+if __name__ == "__main__":
+    main()
