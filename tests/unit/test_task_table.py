@@ -1,0 +1,85 @@
+"""The task table's invariants, and the hang watch on an injected clock (no real waiting)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from steadyload.engine.status import IDLE, LOADING, Progress
+from steadyload.iterators.hangs import Watchdog
+from steadyload.iterators.tasks import EMPTY, TaskTable
+
+
+def test_outstanding_counts_tasks_sent_and_not_settled() -> None:
+    table = TaskTable(2)
+    a, b = table.add(0, [0, 1], 0), table.add(1, [2, 3], 1)
+    assert (a, b, table.outstanding, table.load) == (0, 1, 2, [1, 1])
+    assert table.settle(a, "batch") is table.tasks[a] and table.outstanding == 1
+    assert table.settle(a, "again") is None and table.tasks[a].outcome == "batch"  # once
+    assert [tid for tid, _ in table.held_by(1)] == [b]
+    table.skip(b)
+    assert table.tasks[b].outcome is EMPTY and table.outstanding == 0
+    assert table.yielded(a).outcome == "batch" and table.load == [0, 1]
+
+
+def test_a_new_epoch_makes_tasks_in_flight_stale_and_drops_their_outcomes() -> None:
+    table = TaskTable(2, in_order=False)
+    old = table.add(0, [0], 0)
+    table.new_epoch()
+    assert table.rcvd == 1 and table.outstanding == 0 and not table.tasks
+    assert table.settle(old, "late") is None  # dropped, and only once remembered
+    new = table.add(0, [1], 0)
+    table.settle(new, "fresh")
+    assert table.arrived is not None and list(table.arrived) == [new]
+
+
+def test_a_dead_worker_forgets_its_stale_tasks() -> None:
+    table = TaskTable(2)
+    old = table.add(1, [0], 0)
+    table.new_epoch()
+    table.forget((1,))
+    again = table.add(1, [0], 0)
+    assert old != again and table.settle(old, "late") is None
+
+
+def test_a_stream_that_ended_settles_without_an_outcome() -> None:
+    table = TaskTable(1)
+    tid = table.add(0, [0], 0)
+    task = table.settle(tid)
+    assert task is not None and not task.has_outcome and table.outstanding == 0
+
+
+class _Pool:
+    """The two calls of a pool the watchdog uses to find a hang, and what it killed."""
+
+    def __init__(self, progress: dict[int, Progress]) -> None:
+        self._progress = progress
+        self.killed: list[int] = []
+
+    def progress(self, worker_id: int) -> Progress | None:
+        return self._progress.get(worker_id)
+
+    def dump_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
+        return f"stack of {worker_id}"
+
+    def pid(self, worker_id: int) -> int:
+        return 1000 + worker_id
+
+    def kill(self, worker_id: int) -> None:
+        self.killed.append(worker_id)
+
+
+@pytest.mark.parametrize("elapsed_s, killed", [(2.9, []), (3.1, [0])])
+def test_the_watchdog_kills_a_task_past_hang_timeout_on_its_clock(
+    elapsed_s: float, killed: list[int]
+) -> None:
+    now = [10 * 10**9]
+    table = TaskTable(2)
+    watchdog = Watchdog(table, 3.0, 2, clock_ns=lambda: now[0])
+    pool: Any = _Pool({0: Progress(7, 0, LOADING, now[0], 0), 1: Progress(8, -1, IDLE, 0, 0)})
+    assert watchdog.next_hang_deadline(pool) == pytest.approx(13.0)  # busy: started + limit
+    now[0] += int(elapsed_s * 1e9)
+    watchdog.check_hangs(pool)
+    assert pool.killed == killed
+    assert watchdog.hung == ({0: (7, "stack of 0")} if killed else {})
