@@ -217,6 +217,20 @@ class DiesInAProcess(HandsOver):
         return super().__getitem__(i)
 
 
+class MatMuls(Dataset[Any]):
+    """A 256x256 matmul per sample: torch's C++ ops, the GIL released."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        a = torch.randn(256, 256)
+        return (a @ a).sum()
+
+
 class BadUnpickle(Dataset[Any]):
     """Pickles fine in the parent, fails to unpickle in the worker."""
 

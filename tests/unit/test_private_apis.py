@@ -86,3 +86,11 @@ def test_pin_memory_helper() -> None:
     from torch.utils.data._utils.pin_memory import pin_memory
 
     assert "device" in inspect.signature(pin_memory).parameters
+
+
+def test_threading_runs_exit_hooks_before_freezing_daemon_threads() -> None:
+    # engine/thread/pool.py stops thread workers at exit with threading._register_atexit.
+    import threading
+
+    assert callable(threading._register_atexit)  # type: ignore[attr-defined]
+    assert "_threading_atexits" in inspect.getsource(threading._shutdown)  # type: ignore[attr-defined]

@@ -27,11 +27,13 @@ What threads change:
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -48,6 +50,40 @@ from .sharing import restore_default
 from .worker import Outbox, WorkerThread, thread_main
 
 _JOIN_S = 2.0  # how long shutdown waits for a thread that is inside a dataset call
+EXIT_JOIN_S = 30.0
+"""At interpreter exit, how long to wait for worker threads still inside dataset code."""
+_LOG = logging.getLogger(__name__)
+_live_pools: weakref.WeakSet[ThreadPool] = weakref.WeakSet()
+_started: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # every worker thread
+_exit_hook = threading.Lock()  # held once the hook is registered
+
+
+def _stop_at_exit() -> None:
+    """Stop every thread pool and wait for its threads to leave the dataset's code, before
+    the interpreter finalizes: a thread still inside torch's C++ ops then would abort the
+    process ("terminate called without an active exception", exit status 134) after a
+    training script that ended well. Runs from `threading._shutdown`, before daemon threads
+    are frozen; a thread stuck for `EXIT_JOIN_S` is named, not waited for forever."""
+    for pool in list(_live_pools):
+        pool.shutdown()
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for thread in list(_started):
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            _LOG.warning(
+                "steadyload: %s is still inside a dataset call at exit (waited %.0f s); the "
+                "interpreter may abort if that call is in native code. A call that never "
+                "returns is a hang: pass hang_timeout= to have it found during training.",
+                thread.name, EXIT_JOIN_S,
+            )
+
+
+def _register_exit_hook() -> None:
+    if _exit_hook.acquire(blocking=False):
+        try:
+            threading._register_atexit(_stop_at_exit)  # type: ignore[attr-defined]  # private, tested
+        except RuntimeError:  # the interpreter is already shutting down
+            pass
 
 
 class ThreadView:
@@ -101,6 +137,8 @@ class ThreadPool:
     def start(self) -> None:
         """Start every worker thread."""
         install_per_thread()
+        _register_exit_hook()
+        _live_pools.add(self)
         for worker_id in range(self._num_workers):
             self._spawn(worker_id)
         self.running = True
@@ -123,6 +161,7 @@ class ThreadPool:
         self._workers[worker_id] = w
         self.views[worker_id] = ThreadView(worker_id, w.thread)
         threads_here = torch.get_num_threads()
+        _started.add(w.thread)
         w.thread.start()
         w.ops_set.wait(timeout=_JOIN_S)  # microseconds: the thread's first statement
         restore_default(threads_here)
@@ -131,6 +170,7 @@ class ThreadPool:
         """Ask every thread to stop and wait a little for each; one inside a long dataset
         call is left to finish on its own (a daemon thread: it never blocks exit)."""
         self.running = False
+        _live_pools.discard(self)
         live = [w for w in self._workers if w is not None]
         self._workers = [None] * self._num_workers
         for w in live:
