@@ -231,6 +231,22 @@ class MatMuls(Dataset[Any]):
         return (a @ a).sum()
 
 
+class PythonWork(Dataset[Any]):
+    """About a millisecond of pure Python per sample: holds the GIL."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        total = 0
+        for k in range(20_000):
+            total += k * i
+        return torch.tensor(i + 0 * total)
+
+
 class BadUnpickle(Dataset[Any]):
     """Pickles fine in the parent, fails to unpickle in the worker."""
 

@@ -3,6 +3,7 @@ interpreter where the process itself may die or be signalled, every wait bounded
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,3 +33,12 @@ def test_a_script_that_ends_mid_epoch_exits_with_its_own_status(
     assert "terminate called" not in out.stderr, out.stderr[-3000:]
     if mode == "raise":
         assert "RuntimeError: the training step failed" in out.stderr
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_a_caught_ctrl_c_loses_no_batch(worker_type: str) -> None:
+    out = _job("ctrl_c_job.py", worker_type)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["interrupts"] > 0  # the signals landed
+    assert seen["got"] == list(range(240)), seen  # every sample once, in order
