@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from .. import limits
@@ -43,7 +42,7 @@ class Outcomes:
     def __init__(
         self, table: TaskTable, record: RunRecord, recovery: Recovery, *,
         guard: SkipGuard, empty: EmptyBatches, stream_state: dict[int, bytes],
-        in_flight: tuple[int, int], dispatch: Callable[[], bool],
+        in_flight: tuple[int, int],
     ) -> None:  # fmt: skip
         self._table = table
         self._record = record
@@ -53,10 +52,13 @@ class Outcomes:
         self._stream_state = stream_state  # the iterator's: worker -> state after its batch
         self._in_flight = in_flight  # (prefetch_factor, num_workers): the in-flight check
         self._checked_in_flight = False
-        self._dispatch = dispatch  # send the next task, if the window allows
 
-    def on_event(self, pool: WorkerPool, worker_id: int, event: Any) -> None:
-        """Apply one event of ``pool`` (``worker_id`` -1: pool-wide)."""
+    def on_event(self, pool: WorkerPool, worker_id: int, event: Any) -> bool:
+        """Apply one event of ``pool`` (``worker_id`` -1: pool-wide). True when a worker's
+        stream ended: the caller dispatches anew (the window has room again).
+
+        Holds no reference to the iterator (no callback), so that an iterator dropped after
+        an error is freed by refcounting at once, and its workers with it."""
         table, record = self._table, self._record
         match event:
             case Received(done=done, batch=batch):
@@ -64,7 +66,7 @@ class Outcomes:
                 self._guard.delivered()
                 task = table.settle(done.task_id, batch)
                 if task is None:
-                    return
+                    return False
                 if done.stream_state is not None:
                     self._stream_state[worker_id] = done.stream_state
                     task.stream_state = done.stream_state
@@ -87,7 +89,7 @@ class Outcomes:
                 self._record_skips(event.skipped)
                 if table.settle(event.task_id) is not None:
                     table.active[worker_id] = False
-                    self._dispatch()
+                    return True
             case Ready():
                 self._on_ready(pool, worker_id, event)
             case Died():
@@ -119,6 +121,7 @@ class Outcomes:
                     f"[steadyload internal error] unexpected message {event!r} from worker "
                     f"{worker_id}; please report with the output of `steadyload doctor`"
                 )
+        return False
 
     def _record_skips(self, skipped: tuple[SkippedSample, ...]) -> None:
         self._guard.record(self._record, skipped)

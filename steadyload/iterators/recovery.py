@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _system, diagnosis
@@ -82,7 +82,7 @@ class Recovery:
     def __init__(
         self, table: TaskTable, opts: LoaderOptions, record: RunRecord, *, stream: bool,
         stateful_stream: bool, hung: dict[int, tuple[int, str]],
-        stream_state: dict[int, bytes], epoch: Callable[[], int],
+        stream_state: dict[int, bytes],
     ) -> None:  # fmt: skip
         self._table = table
         self._opts = opts
@@ -91,7 +91,6 @@ class Recovery:
         self._stateful_stream = stateful_stream  # ... that resumes where a batch ended
         self._hung = hung  # the watchdog's: worker -> (task id, stack) being killed
         self._stream_state = stream_state  # the iterator's: worker -> state after its last batch
-        self._epoch = epoch
         self.memory: MemorySampler | None = None  # the workers' latest memory readings
         self.retiring: dict[int, int] = {}
         """worker -> USS that passed max_worker_memory (it said `Retire` and exits)."""
@@ -219,7 +218,7 @@ class Recovery:
         if worker_id in self._stream_state:
             pool.send_restore(worker_id, self._stream_state[worker_id])
         for tid, task in self._table.held_by(worker_id):
-            pool.send_task(worker_id, tid, task.indices, self._epoch())
+            pool.send_task(worker_id, tid, task.indices, self._table.epoch)
 
     def on_server_died(
         self, pool: WorkerPool, died: ServerDied, also: tuple[int, ...] = ()

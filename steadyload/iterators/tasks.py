@@ -47,6 +47,8 @@ class TaskTable:
         """Tasks sent whose outcome has not arrived (torch's ``_tasks_outstanding``)."""
         self.restarts = 0
         """Restarts used this epoch (``max_restarts``)."""
+        self.epoch = 0
+        """The loader's epoch number, which tasks carry (``sample_seeds``)."""
         self._num_workers = num_workers
         self.active = [True] * num_workers
         """Per worker: its stream has not ended this epoch."""
@@ -56,8 +58,9 @@ class TaskTable:
         self.arrived: collections.deque[int] | None = None if in_order else collections.deque()
         """``in_order=False``: ids of tasks filled, in the order their outcomes came."""
 
-    def new_epoch(self) -> None:
-        """Begin an epoch: tasks still in flight become stale; counters start afresh."""
+    def new_epoch(self, epoch: int) -> None:
+        """Begin epoch ``epoch``: tasks still in flight become stale; counters start afresh."""
+        self.epoch = epoch
         self._stale.update(
             {tid: t.worker_id for tid, t in self.tasks.items() if not t.has_outcome}
         )

@@ -99,12 +99,12 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         self._recovery = Recovery(
             self._table, options, self.record, stream=self._dataset_kind == ITERABLE,
             stateful_stream=self._config.stateful_stream, hung=self._watchdog.hung,
-            stream_state=self._stream_state, epoch=lambda: self._progress.epoch,
+            stream_state=self._stream_state,
         )  # fmt: skip
         self._outcomes = Outcomes(
             self._table, self.record, self._recovery, guard=self._guard, empty=self._empty,
             stream_state=self._stream_state,
-            in_flight=(self._prefetch_factor, self._num_workers), dispatch=self._try_put_index,
+            in_flight=(self._prefetch_factor, self._num_workers),
         )  # fmt: skip
         self._stash: tuple[Any, TaskEntry] | None = None  # a batch held back by Ctrl-C
         self._handing: tuple[Any, TaskEntry, tuple[Any, int | None]] | None = None
@@ -173,7 +173,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         elif not first_iter:
             self._pool.send_reset()
         # Tasks still in flight from the last epoch are discarded when they arrive.
-        self._table.new_epoch()
+        self._table.new_epoch(self._progress.epoch)
         self._cycle = itertools.cycle(range(self._num_workers))
         self._stream_state.clear()  # each epoch's streams start afresh (Reset)
         if self._progress.resume_streams is not None:
@@ -352,7 +352,8 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
                     sample_indices=flat_indices(task.indices) if task else [],
                 )
         for worker_id, event in events:
-            self._outcomes.on_event(pool, worker_id, event)
+            if self._outcomes.on_event(pool, worker_id, event):
+                self._try_put_index()
 
     def _deliver_data(self, task: TaskEntry) -> Any:
         self._try_put_index()

@@ -26,7 +26,7 @@ def test_outstanding_counts_tasks_sent_and_not_settled() -> None:
 def test_a_new_epoch_makes_tasks_in_flight_stale_and_drops_their_outcomes() -> None:
     table = TaskTable(2, in_order=False)
     old = table.add(0, [0], 0)
-    table.new_epoch()
+    table.new_epoch(1)
     assert table.rcvd == 1 and table.outstanding == 0 and not table.tasks
     assert table.settle(old, "late") is None  # dropped, and only once remembered
     new = table.add(0, [1], 0)
@@ -37,7 +37,7 @@ def test_a_new_epoch_makes_tasks_in_flight_stale_and_drops_their_outcomes() -> N
 def test_a_dead_worker_forgets_its_stale_tasks() -> None:
     table = TaskTable(2)
     old = table.add(1, [0], 0)
-    table.new_epoch()
+    table.new_epoch(1)
     table.forget((1,))
     again = table.add(1, [0], 0)
     assert old != again and table.settle(old, "late") is None
