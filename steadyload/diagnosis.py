@@ -259,13 +259,16 @@ def worker_hung(
     stack: str,
     times: int,
     thread: bool = False,
+    starting: str = "",
 ) -> WorkerHangError:
     """Build the `WorkerHangError` for a task that outlived ``hang_timeout`` ``times`` times
-    (``thread``: in a thread worker, which cannot be killed and was abandoned)."""
+    (``thread``: in a thread worker, which cannot be killed and was abandoned; ``starting``:
+    the worker hung outside any task, "in worker_init_fn" or "in iter(dataset)")."""
     what = (
         f"sample {sample!r}" if sample is not None
         else f"samples {format_indices(sample_indices)}"
     )
+    doing = f"starting ({starting})" if starting else f"loading {what}"
     again = "twice, on two fresh workers" if times >= 2 else "and no restart was left"
     who = f"thread worker {worker_id}" if thread else f"worker {worker_id} (pid {pid})"
     where = (
@@ -277,11 +280,12 @@ def worker_hung(
         "returns, then exits; its batch is dropped).\n" if thread else ""
     )
     message = (
-        f"steadyload: {who} hung while loading {what}: it ran for "
+        f"steadyload: {who} hung while {doing}: it ran for "
         f"more than hang_timeout={hang_timeout_s} s {again}.\n"
         f"{where}\n{_tail(stack, 40)}\n{abandoned}"
-        "Likely cause: a sample that never finishes loading (an endless loop, a network or "
-        "disk read without a timeout, a lock held forever, a deadlock in a native library).\n"
+        f"Likely cause: {'a worker_init_fn or __iter__' if starting else 'a sample'} that never "
+        "finishes (an endless loop, a network or disk read without a timeout, a lock held "
+        "forever, a deadlock in a native library).\n"
         "Fix: look at the innermost frames above; add a timeout to the I/O, or raise "
         "hang_timeout if such samples are just slow."
     )

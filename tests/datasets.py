@@ -7,6 +7,7 @@ import math
 import os
 import random
 import signal
+import threading
 import time
 from typing import Any
 
@@ -245,6 +246,32 @@ class PythonWork(Dataset[Any]):
         for k in range(20_000):
             total += k * i
         return torch.tensor(i + 0 * total)
+
+
+def seed_worker(worker_id: int) -> None:
+    """torch's reproducibility recipe (and the transformers Trainer's ``seed_worker``):
+    seeds the process-wide generators from ``torch.initial_seed()``."""
+    seed = torch.initial_seed() % 2**32
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+RELEASE = threading.Event()
+"""Set by a test to end the hangs below in thread workers (processes are killed)."""
+
+
+def hang_in_init(worker_id: int) -> None:
+    """A ``worker_init_fn`` that never returns (until `RELEASE`, at most 60 s)."""
+    RELEASE.wait(60)
+
+
+class HangsInIter(IterableDataset[Any]):
+    """A stream whose ``iter()`` never returns (until `RELEASE`, at most 60 s)."""
+
+    def __iter__(self) -> Any:
+        RELEASE.wait(60)
+        return iter(range(4))
 
 
 class BadUnpickle(Dataset[Any]):

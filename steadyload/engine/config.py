@@ -38,6 +38,8 @@ class WorkerConfig:
     """An IterableDataset with state_dict()/load_state_dict(): its state goes with batches."""
     sample_seeds: bool = False
     """Seed the RNGs before each sample from (base seed, epoch, index): see _seeding.py."""
+    hang_timeout_s: float | None = None
+    """``hang_timeout``: how long a task, or a worker's set-up, may take. [Unit: second]"""
 
 
 class Deferred:

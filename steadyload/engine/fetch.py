@@ -15,7 +15,7 @@ from .._seeding import StreamItem
 from ..describe import describe_exception, format_indices
 from ..report import SkippedSample
 from .config import WorkerConfig
-from .status import COLLATING, POSITION, STAGE
+from .status import COLLATING, IDLE, INIT, ITER, POSITION, STAGE, starting
 
 MAP = 0
 ITERABLE = 1  # the same values as torch.utils.data.dataloader._DatasetKind
@@ -192,18 +192,27 @@ def start_fetching(
     """A worker's start (process or thread): run ``worker_init_fn``, then make the first
     fetcher. Returns the fetcher factory (a new epoch, a restored stream), the fetcher, and
     what failed and where: kept, to be reported with every task, as torch does for the
-    first one (nothing can load)."""
+    first one (nothing can load). The status fields show each step (`INIT`, `ITER`), so a
+    step that hangs is found by the hang watch like a task."""
 
     def new_fetcher() -> Fetcher:
-        return Fetcher(
-            cfg.dataset_kind, dataset, cfg.auto_collation, cfg.collate_fn, cfg.drop_last,
-            skip_errors=cfg.skip_errors, fields=fields, seeder=seeder,
-        )
+        starting(fields, ITER)  # a stream's iter(dataset) runs here (each epoch, a resume)
+        try:
+            return Fetcher(
+                cfg.dataset_kind, dataset, cfg.auto_collation, cfg.collate_fn, cfg.drop_last,
+                skip_errors=cfg.skip_errors, fields=fields, seeder=seeder,
+            )
+        finally:
+            fields[STAGE] = IDLE
 
     stage = "in worker_init_fn"
     try:
         if cfg.worker_init_fn is not None:
-            cfg.worker_init_fn(worker_id)
+            starting(fields, INIT)
+            try:
+                cfg.worker_init_fn(worker_id)
+            finally:
+                fields[STAGE] = IDLE
         stage = "in iter(dataset)"
         return new_fetcher, new_fetcher(), None
     except Exception as exc:

@@ -26,8 +26,17 @@ _HEADER = 4096
 _FIELDS = 8
 TASK, POSITION, STAGE, STARTED_NS, FLAGS = range(5)
 
-IDLE, LOADING, COLLATING, SENDING = 0, 1, 2, 3
-STAGES = {IDLE: "idle", LOADING: "loading", COLLATING: "collating", SENDING: "sending"}
+IDLE, LOADING, COLLATING, SENDING, INIT, ITER = 0, 1, 2, 3, 4, 5
+STAGES = {IDLE: "idle", LOADING: "loading", COLLATING: "collating", SENDING: "sending",
+          INIT: "in worker_init_fn", ITER: "in iter(dataset)"}
+STARTING = (INIT, ITER)
+"""Stages outside any task: watched for hangs like a task, blamed on no sample."""
+
+
+def starting(fields: Any, stage: int) -> None:
+    """The worker enters ``stage`` (`INIT` or `ITER`), outside any task, from now."""
+    fields[TASK], fields[POSITION], fields[STARTED_NS] = -1, -1, time.monotonic_ns()
+    fields[STAGE] = stage
 
 # Native libraries worth naming after a crash (FLAGS bits).
 RISKY_LIBRARIES = {

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _system, diagnosis
 from ..engine.events import Died, ServerDied, ServerGone
 from ..engine.pool import THREAD, ServerPool, WorkerPool
-from ..engine.status import IDLE, LOADING, STAGES, Progress
+from ..engine.status import IDLE, LOADING, STAGES, STARTING, Progress
 from ..report import RestartReport, RunRecord, SkippedSample
 from .common import flat_indices
 from .tasks import TaskEntry, TaskTable
@@ -95,7 +95,7 @@ class Recovery:
         self.retiring: dict[int, int] = {}
         """worker -> USS that passed max_worker_memory (it said `Retire` and exits)."""
         self._kills: collections.Counter[Any] = collections.Counter()  # sample -> deaths
-        self._hangs: collections.Counter[int] = collections.Counter()  # task id -> hangs
+        self._hangs: collections.Counter[Any] = collections.Counter()  # task id -> hangs
         self._oom_kills = _system.cgroup_memory().oom_kills
 
     def on_died(self, pool: WorkerPool, worker_id: int, died: Died) -> None:
@@ -131,6 +131,14 @@ class Recovery:
             )
             self._replace(pool, worker_id, died, held, cause, None, budget=False)
             return
+        stage = died.progress.stage if died.progress is not None else IDLE
+        starting = STAGES[stage] if stage in STARTING else ""
+        if hung is not None and stream and not self._stateful_stream:
+            raise diagnosis.worker_hung(
+                worker_id=worker_id, pid=died.pid, hang_timeout_s=self._opts.hang_timeout,
+                sample=None, sample_indices=[], stack=hung[1], times=1,
+                thread=died.kind == THREAD, starting=starting,
+            )  # a stream cannot be replayed: no second try
         if stream and not self._stateful_stream:
             raise error(
                 "steadyload did not restart it: an IterableDataset's stream cannot be "
@@ -139,15 +147,18 @@ class Recovery:
             )
         if hung is not None:
             task_id, stack = hung
-            self._hangs[task_id] += 1
-            if self._hangs[task_id] >= 2 or table.restarts >= self._opts.max_restarts:
+            hang: Any = ("start", worker_id) if task_id < 0 else task_id  # a start: per worker
+            self._hangs[hang] += 1
+            if self._hangs[hang] >= 2 or table.restarts >= self._opts.max_restarts:
                 task = table.tasks.get(task_id)
                 raise diagnosis.worker_hung(
                     worker_id=worker_id, pid=died.pid, hang_timeout_s=self._opts.hang_timeout,
                     sample=sample, sample_indices=flat_indices(task.indices) if task else [],
-                    stack=stack, times=self._hangs[task_id], thread=died.kind == THREAD,
+                    stack=stack, times=self._hangs[hang], thread=died.kind == THREAD,
+                    starting=starting,
                 )
-            cause = f"hung for more than hang_timeout={self._opts.hang_timeout} s"
+            during = f" {starting}" if starting else ""
+            cause = f"hung{during} for more than hang_timeout={self._opts.hang_timeout} s"
             self._replace(pool, worker_id, died, held, cause, sample, budget=True)
             return
         if table.restarts >= self._opts.max_restarts:

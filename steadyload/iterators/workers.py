@@ -87,6 +87,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             max_memory_bytes=self._opts.max_worker_memory_bytes,
             stateful_stream=self._dataset_kind == ITERABLE and stateful(self._dataset),
             sample_seeds=self._opts.sample_seeds,
+            hang_timeout_s=self._opts.hang_timeout,
         )
         self._stream_state: dict[int, bytes] = {}  # worker -> state after its last batch
         self._empty = EmptyBatches(self._collate_fn)

@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+import torch
+
+import steadyload as sl
+from tests import datasets
+from tests.datasets import MapDS
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(180)
@@ -42,3 +51,46 @@ def test_a_caught_ctrl_c_loses_no_batch(worker_type: str) -> None:
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["interrupts"] > 0  # the signals landed
     assert seen["got"] == list(range(240)), seen  # every sample once, in order
+
+
+def _training_draws(loader: Any, epochs: int) -> list[tuple[float, float, float]]:
+    """What a training loop draws from the process-wide generators, one draw per batch."""
+    torch.manual_seed(123)
+    random.seed(123)
+    np.random.seed(123)
+    out = []
+    for _ in range(epochs):
+        for _batch in loader:
+            out.append((torch.rand(1).item(), random.random(), float(np.random.rand())))
+    return out
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_a_seeding_worker_init_fn_leaves_the_training_loops_randomness_alone(
+    worker_type: str,
+) -> None:
+    ours = sl.DataLoader(MapDS(8), batch_size=2, num_workers=2, worker_type=worker_type,
+                         worker_init_fn=datasets.seed_worker)  # fmt: skip
+    torchs = torch.utils.data.DataLoader(MapDS(8), batch_size=2, worker_init_fn=datasets.seed_worker)
+    got, want = _training_draws(ours, 3), _training_draws(torchs, 3)
+    assert got == want  # as torch's: its worker_init_fn never runs in the training process
+    assert got[:4] != got[4:8]  # so each epoch's draws go on, none is replayed
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+@pytest.mark.parametrize("where", ["worker_init_fn", "iter(dataset)"])
+def test_a_worker_that_hangs_while_starting_is_caught_by_hang_timeout(
+    worker_type: str, where: str
+) -> None:
+    if where == "worker_init_fn":
+        loader = sl.DataLoader(MapDS(8), batch_size=2, num_workers=1, worker_type=worker_type,
+                               worker_init_fn=datasets.hang_in_init, hang_timeout=1.0)
+    else:
+        loader = sl.DataLoader(datasets.HangsInIter(), batch_size=2, num_workers=1,
+                               worker_type=worker_type, hang_timeout=1.0)
+    datasets.RELEASE.clear()
+    try:
+        with pytest.raises(sl.WorkerHangError, match=re.escape(f"hung while starting (in {where})")):
+            list(loader)
+    finally:
+        datasets.RELEASE.set()  # the abandoned threads end

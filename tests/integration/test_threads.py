@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -305,9 +306,9 @@ def force_auto(monkeypatch: pytest.MonkeyPatch) -> Any:
     it measures. The rule itself is tested with injected measurements (test_worker_kind.py)
     and measured in benchmarks/bench_peers.py; these tests are about the hand-over."""
 
-    def force(kind: str) -> None:
+    def force(kind: str | None) -> None:
         def rule(measured: Any, workers: int, probe: Any) -> Any:
-            return worker_kind.chose(kind, f"forced by the test ({kind})")
+            return worker_kind.chose(kind, f"forced by the test ({kind})") if kind else None
 
         monkeypatch.setattr(handover, "live_choice", rule)
 
@@ -426,3 +427,17 @@ def test_auto_moves_a_dataset_that_draws_from_the_global_generators_to_processes
     assert (loader.report().worker_type_choice or "").startswith(
         "worker_type='auto' chose process workers: the dataset draws from the process-wide "
         "random generators, which thread workers share")
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "auto"])
+def test_the_training_loops_own_draws_are_not_blamed_on_the_dataset(
+    worker_type: str, force_auto: Any
+) -> None:
+    force_auto(None)  # "auto" measures on and on: only a draw could decide it here
+    loader = sl.DataLoader(Waits(64), batch_size=2, num_workers=2, worker_type=worker_type)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _batch in loader:
+            torch.rand(64)  # dropout, noise: the training loop's own draws
+            time.sleep(0.002)  # a training step, while the workers load
+    assert loader.report().worker_type_choice is None

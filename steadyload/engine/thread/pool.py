@@ -34,22 +34,25 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import torch
 
 from ..config import WorkerConfig
-from ..events import Died
+from ..events import Died, GlobalRngDrawn
 from ..fetch import ITERABLE
 from ..pool import THREAD, Kind, wait_any
 from ..protocol import Reset, Restore, Stop, Task
 from ..status import Progress
 from ..torch_hooks import install_per_thread
-from .sharing import restore_default
+from .sharing import drawn, global_rngs, process_rngs, restore_default, restore_rngs
 from .worker import Outbox, WorkerThread, thread_main
 
 _JOIN_S = 2.0  # how long shutdown waits for a thread that is inside a dataset call
+DRAW_CHECKS = 256
+"""Waits around which the process-wide generators are compared (a dataset that draws from
+them is found while the training loop waits for data; its own draws are made outside)."""
 EXIT_JOIN_S = 30.0
 """At interpreter exit, how long to wait for worker threads still inside dataset code."""
 _LOG = logging.getLogger(__name__)
@@ -125,6 +128,8 @@ class ThreadPool:
         self._workers: list[WorkerThread | None] = [None] * num_workers
         self._generations = [0] * num_workers
         self._events = Outbox()
+        self._draw_checks = DRAW_CHECKS
+        self._rngs_before: tuple[Any, ...] | None = None
         self.views: list[ThreadView | None] = [None] * num_workers
         """Each worker id's latest thread, as ``iterator._workers`` shows it."""
         self.running = False
@@ -139,15 +144,30 @@ class ThreadPool:
         install_per_thread()
         _register_exit_hook()
         _live_pools.add(self)
-        for worker_id in range(self._num_workers):
-            self._spawn(worker_id)
+        self._spawn_set_up(range(self._num_workers))
         self.running = True
 
     def respawn(self, worker_id: int) -> None:
         """Start a fresh thread for ``worker_id`` (the old one was abandoned)."""
-        self._spawn(worker_id)
+        self._spawn_set_up((worker_id,))
 
-    def _spawn(self, worker_id: int) -> None:
+    def _spawn_set_up(self, worker_ids: Iterable[int]) -> None:
+        """Start threads and wait for their set-up (``worker_init_fn``, ``iter(dataset)``),
+        at most ``hang_timeout`` (a set-up past it is then found by the hang watch), with
+        the process-wide generators put back after it: the caller (the training loop)
+        draws nothing meanwhile, so its random stream is the one it has under processes."""
+        states = process_rngs()
+        try:
+            spawned = [self._spawn(worker_id) for worker_id in worker_ids]
+            limit = self._config.hang_timeout_s
+            deadline = None if limit is None else time.monotonic() + limit
+            for w in spawned:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                w.set_up.wait(left)
+        finally:
+            restore_rngs(states)
+
+    def _spawn(self, worker_id: int) -> WorkerThread:
         self._generations[worker_id] += 1
         w = WorkerThread(worker_id, self._generations[worker_id], self._clock())
         cfg = self._config
@@ -165,6 +185,7 @@ class ThreadPool:
         w.thread.start()
         w.ops_set.wait(timeout=_JOIN_S)  # microseconds: the thread's first statement
         restore_default(threads_here)
+        return w
 
     def shutdown(self) -> None:
         """Ask every thread to stop and wait a little for each; one inside a long dataset
@@ -233,6 +254,8 @@ class ThreadPool:
     def waitables(self) -> list[Any]:
         """The outbox's socket, armed: an event queued from now on makes it readable."""
         self._events.armed = True
+        if self._draw_checks > 0:
+            self._rngs_before = global_rngs(type(self._config.dataset))
         return [self._events]
 
     def pending(self) -> bool:
@@ -247,6 +270,12 @@ class ThreadPool:
             events.armed = False
             events.drain()
         out: list[tuple[int, object]] = []
+        before, self._rngs_before = self._rngs_before, None
+        if before is not None:
+            self._draw_checks -= 1
+            if drawn(before):  # while the training loop waited: a worker drew
+                self._draw_checks = 0
+                out.append((-1, GlobalRngDrawn(type(self._config.dataset))))
         while not events.queue.empty():
             worker_id, generation, event = events.queue.get_nowait()
             if worker_id >= 0 and generation == self._generations[worker_id]:

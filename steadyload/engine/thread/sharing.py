@@ -53,9 +53,9 @@ _warned: set[type] = set()  # dataset classes already warned about (main thread 
 def global_rngs(dataset_type: type) -> tuple[Any, ...] | None:
     """The process-wide generators' states; None once `warn_global_draws` named the class.
 
-    Taken around a thread worker's first task: a change means the dataset drew from them
-    (the training loop could draw meanwhile too, but it is waiting for that first batch).
-    """
+    Taken by the training thread when it starts waiting for thread workers' events and
+    compared when it stops (`ThreadPool`): a change then is a worker's draw, never the
+    training loop's own (dropout, noise), which it makes outside the wait."""
     if dataset_type in _warned:
         return None
     return _states()
@@ -63,6 +63,21 @@ def global_rngs(dataset_type: type) -> tuple[Any, ...] | None:
 
 def _states() -> tuple[Any, ...]:
     return torch.random.default_generator.get_state(), random.getstate(), np.random.get_state()
+
+
+def process_rngs() -> tuple[Any, ...]:
+    """The process-wide generators' states (torch's default, `random`, numpy's global)."""
+    return _states()
+
+
+def restore_rngs(states: tuple[Any, ...]) -> None:
+    """Put back what `process_rngs` took: a thread worker's set-up (``worker_init_fn``: the
+    Trainer's ``seed_worker``, torch's reproducibility recipe) seeds the process-wide
+    generators, which in a thread worker are the training loop's; in a process worker they
+    are its own. So the training loop's draws go on as under process workers."""
+    torch.random.default_generator.set_state(states[0])
+    random.setstate(states[1])
+    np.random.set_state(states[2])
 
 
 def drawn(before: tuple[Any, ...]) -> bool:

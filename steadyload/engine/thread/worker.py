@@ -22,7 +22,7 @@ from ..._seeding import SampleSeeder
 from ...per_worker import enter_thread_worker
 from .. import loop, torch_hooks
 from ..config import WorkerConfig
-from ..events import Died, GlobalRngDrawn, Received
+from ..events import Died, Received
 from ..protocol import Done, Ready, Stop
 from ..status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK, Progress
 from . import sharing
@@ -42,6 +42,7 @@ class WorkerThread:
         self.thread: threading.Thread | None = None
         self.measured = (0, 0, 0.0)  # tasks, samples, wall s (one tuple: read whole)
         self.ops_set = threading.Event()  # its torch ops are single-threaded (the spawner waits)
+        self.set_up = threading.Event()  # worker_init_fn and iter(dataset) done (or failed)
 
     def begin(self, task_id: int) -> None:
         """A task starts (position -1: no sample yet)."""
@@ -103,15 +104,12 @@ class Outbox:
 
 class ThreadLink:
     """A worker thread's `loop.Link`: messages from its inbox, outcomes and batches queued
-    as objects. It also measures the thread's tasks for ``worker_type="auto"`` and watches
-    its first task for draws from the process-wide generators."""
+    as objects. It also measures the thread's tasks for ``worker_type="auto"``."""
 
-    def __init__(self, w: WorkerThread, events: Outbox, dataset_type: type) -> None:
+    def __init__(self, w: WorkerThread, events: Outbox) -> None:
         self._w = w
         self._events = events
-        self._dataset_type = dataset_type
         self._first = True
-        self._before: tuple[Any, ...] | None = None
         self._began = 0.0
         self._samples = 0  # in the task's batch (0: none sent)
 
@@ -120,7 +118,8 @@ class ThreadLink:
         self._events.put((self._w.worker_id, self._w.generation, event))
 
     def ready(self) -> None:
-        """Set-up done."""
+        """Set-up done: the spawner may restore the process-wide generators."""
+        self._w.set_up.set()
         self.put(Ready(pid=os.getpid(), preload_missing=None))
 
     def receive(self) -> object:
@@ -134,10 +133,8 @@ class ThreadLink:
         """Nothing to release: batches are plain objects."""
 
     def begin_task(self) -> None:
-        """Note when the task began; around the first, the shared generators' state."""
+        """Note when the task began."""
         self._began, self._samples = time.perf_counter(), 0
-        if self._first:
-            self._before = sharing.global_rngs(self._dataset_type)
 
     def cancel_task(self) -> None:
         """Nothing to undo."""
@@ -152,16 +149,14 @@ class ThreadLink:
         self.put(Received(done, packed))
 
     def after_task(self) -> bool:
-        """Count the task (the first pays for lazy set-up: not counted) and check the first
-        for global draws; True once the thread was abandoned."""
+        """Count the task (the first pays for lazy set-up: not counted); True once the
+        thread was abandoned."""
         w = self._w
         if not self._first:
             tasks, samples, wall = w.measured
             w.measured = (tasks + 1, samples + self._samples,
                           wall + time.perf_counter() - self._began)  # fmt: skip
-        elif self._before is not None and sharing.drawn(self._before):
-            self.put(GlobalRngDrawn(self._dataset_type))
-        self._first, self._before = False, None
+        self._first = False
         return w.abandoned
 
 
@@ -169,7 +164,7 @@ def thread_main(cfg: WorkerConfig, dataset: Any, w: WorkerThread, events: Outbox
     """One worker thread: the worker loop, with outcomes queued as objects. Whatever
     escapes it (never the dataset's errors: they are outcomes) is reported as the thread's
     death, so the iterator replaces it instead of waiting for it."""
-    link = ThreadLink(w, events, type(dataset))
+    link = ThreadLink(w, events)
     try:
         try:
             sharing.single_threaded_ops()
@@ -185,6 +180,7 @@ def thread_main(cfg: WorkerConfig, dataset: Any, w: WorkerThread, events: Outbox
         )
         loop.run(cfg, dataset, w.worker_id, link, w, seeder)
     except BaseException:
+        w.set_up.set()
         link.put(Died(exitcode=None, pid=os.getpid(), progress=w.progress(),
                       stacks=traceback.format_exc(), kind="thread"))  # fmt: skip
     finally:
