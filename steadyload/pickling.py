@@ -13,6 +13,7 @@ the diagnosis (which pickles sub-objects one by one) runs only after a failure.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import pickle
 import sys
@@ -152,6 +153,23 @@ def _find(obj: Any, path: str, dumps: Any, seen: set[int], depth: int) -> tuple[
         if found is not None:
             return found
     return path, f"{error_type}: {error}"
+
+
+def not_copyable(dataset: Any, error: BaseException) -> NotPicklableError:
+    """The `NotPicklableError` for an IterableDataset that thread workers cannot copy (each
+    thread iterates a replica of its own, made with ``copy.deepcopy``)."""
+    found = _find(dataset, "dataset", copy.deepcopy, set(), 0)
+    path, reason = found or ("dataset", f"{type(error).__name__}: {error}")
+    return NotPicklableError(
+        f"{path}: {reason.split(': ', 1)[-1]}\n"
+        "Why: thread workers give each thread its own copy of an IterableDataset "
+        "(copy.deepcopy: each thread iterates its own stream, as each worker process does), "
+        f"and copying raised {reason.split(':')[0]} for {path}.\n"
+        "Fix: create it in __iter__ (once per copy), or make it a per-worker resource, built "
+        "lazily in each worker: a class attribute `x = steadyload.per_worker(lambda: "
+        "make_x())`; or use worker_type='process'.",
+        path=path,
+    )
 
 
 def diagnose(parts: dict[str, Any], dumps: Any, error: BaseException) -> NotPicklableError:

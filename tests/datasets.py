@@ -7,6 +7,7 @@ import math
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -271,6 +272,73 @@ class HangsInIter(IterableDataset[Any]):
 
     def __iter__(self) -> Any:
         RELEASE.wait(60)
+        return iter(range(4))
+
+
+class CorruptImage(Exception):
+    """A decoder's error that keeps the open file: the exception does not pickle."""
+
+    def __init__(self, message: str, file: Any = None) -> None:
+        super().__init__(message)
+        self.file = file
+
+
+class RaisesCorrupt(Dataset[Any]):
+    """Sample ``bad`` raises `CorruptImage` holding an open file."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.bad:
+            raise CorruptImage(f"bad JPEG marker in image {i}", open(os.devnull, "rb"))  # noqa: SIM115
+        return torch.tensor(i)
+
+
+class BigError(Exception):
+    """An exception that carries a big tensor (a decoder's partial output)."""
+
+    def __init__(self, tensor: Any) -> None:
+        super().__init__("partial output attached")
+        self.tensor = tensor
+
+
+BIG = torch.zeros(16 << 20, dtype=torch.uint8)  # 16 MiB, made once per process
+
+
+class RaisesBig(Dataset[Any]):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> Any:
+        raise BigError(BIG)
+
+
+class Exits(Dataset[Any]):
+    """Sample ``at`` calls sys.exit(3), as a library's error path sometimes does."""
+
+    def __init__(self, n: int, at: int) -> None:
+        self.n, self.at = n, at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.at:
+            sys.exit(3)
+        return torch.tensor(i)
+
+
+class LockedStream(IterableDataset[Any]):
+    """A stream that holds a lock: it cannot be copied or pickled."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __iter__(self) -> Any:
         return iter(range(4))
 
 

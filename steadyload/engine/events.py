@@ -55,6 +55,8 @@ class Died:
     kind: str = "process"
     """The kind of worker that died: "process", or "thread" (an escaped exception or an
     abandoned hang; ``exitcode`` None)."""
+    raised: str = ""
+    """A thread's: what escaped the dataset's code ("SystemExit: 3"); empty for a hang."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,5 +69,9 @@ def make_pool(
             process_pool = ProcessPool(plan.context, config, num_workers)
             process_pool.start()
         return process_pool
-    pool.start()
+    try:
+        pool.start()
+    except BaseException:
+        pool.shutdown()  # threads started before the failure, the outbox's sockets
+        raise
     return pool

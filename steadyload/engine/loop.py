@@ -32,6 +32,9 @@ from .status import SENDING, STAGE
 class Link(Protocol):
     """What a kind of worker supplies to `run`: its side of the transport."""
 
+    keeps_objects: bool
+    """Outcomes reach a parent in this process: exceptions travel as objects, unpickled."""
+
     def receive(self) -> object:
         """The next message from the parent (blocks); `Stop` when the worker must end."""
 
@@ -73,18 +76,27 @@ class Status(Protocol):
         """The task's outcome was sent."""
 
 
-def failed_outcome(task_id: int, exc: BaseException, where: str) -> Failed:
-    """The `Failed` message for ``exc``: pickled if it survives pickling, else its words."""
+def failed_outcome(task_id: int, exc: BaseException, where: str, *, keep: bool = False) -> Failed:
+    """The `Failed` message for ``exc``: the object itself when ``keep`` (the parent is this
+    process), else pickled if it survives pickling, else its class and words."""
     type_name, text = describe_exception(exc)
+    if keep:
+        return Failed(task_id=task_id, exception=None, type_name=type_name, text=text,
+                      traceback=format_traceback(exc), where=where, error=exc)  # fmt: skip
     data: bytes | None
+    kind: bytes | None = None
     try:
         data = pickle.dumps(exc)
         pickle.loads(data)  # exceptions with custom __init__ often fail only here
     except Exception:
         data = None
+        try:  # an attribute did not pickle (an open file): the class alone may
+            kind = pickle.dumps(type(exc))
+        except Exception:
+            kind = None
     return Failed(
         task_id=task_id, exception=data, type_name=type_name, text=text,
-        traceback=format_traceback(exc), where=where,
+        traceback=format_traceback(exc), where=where, exception_type=kind,
     )  # fmt: skip
 
 
@@ -122,7 +134,7 @@ def run(
             case _:
                 raise RuntimeError(f"[steadyload internal error] unexpected message {msg!r}")
         if init_error is not None:
-            link.send(failed_outcome(msg.task_id, *init_error))
+            link.send(failed_outcome(msg.task_id, *init_error, keep=link.keeps_objects))
             continue
         assert fetcher is not None  # start_fetching: a fetcher unless an error
         if ended:
@@ -154,18 +166,19 @@ def _run_task(
         if kind == ITERABLE:
             link.send(Exhausted(task.task_id, tuple(fetcher.skipped)))
             return True
-        link.send(failed_outcome(task.task_id, exc, fetcher.where))
+        link.send(failed_outcome(task.task_id, exc, fetcher.where, keep=link.keeps_objects))
         return False
     except Exception as exc:
         link.cancel_task()
-        link.send(failed_outcome(task.task_id, exc, fetcher.where))
+        link.send(failed_outcome(task.task_id, exc, fetcher.where, keep=link.keeps_objects))
         return False
     status.fields[STAGE] = SENDING
     try:
         packed = link.pack(data)
     except Exception as exc:
         link.cancel_task()
-        link.send(failed_outcome(task.task_id, exc, "while sending the batch to the main process"))
+        where = "while sending the batch to the main process"
+        link.send(failed_outcome(task.task_id, exc, where, keep=link.keeps_objects))
         return False
     del data  # before the task ends: a batch still referenced here pins its segments
     try:
@@ -173,7 +186,7 @@ def _run_task(
     except Exception as exc:  # user code: reported like the dataset's own errors
         link.cancel_task()
         where = "while saving the stream's position (state_dict())"
-        link.send(failed_outcome(task.task_id, exc, where))
+        link.send(failed_outcome(task.task_id, exc, where, keep=link.keeps_objects))
         return False
     link.send_batch(Done(
         task_id=task.task_id, payload=b"", segments=(), skipped=tuple(fetcher.skipped),

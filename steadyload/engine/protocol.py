@@ -124,7 +124,9 @@ class Failed:
     """The dataset, collate_fn or worker_init_fn raised while the worker ran the task.
 
     ``exception`` is the pickled exception, or None when it does not survive pickling;
-    then ``type_name`` and ``text`` stand in for it.
+    then ``exception_type`` (the pickled class, when it pickles) rebuilds it from ``text``,
+    as torch does, and failing that ``type_name`` and ``text`` stand in for it. A worker in
+    this process (a thread) sends the exception object itself, ``error``: nothing pickled.
     """
 
     task_id: int
@@ -134,6 +136,8 @@ class Failed:
     traceback: str
     where: str
     """Which sample: "while loading sample 17", "while collating samples [..]"."""
+    exception_type: bytes | None = None
+    error: BaseException | None = None
 
 
 @message

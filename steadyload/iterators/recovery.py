@@ -117,6 +117,12 @@ class Recovery:
         method = None if died.kind == THREAD else pool.start_method
 
         def error(outcome: str) -> BaseException:
+            if died.raised:
+                return diagnosis.thread_died(
+                    worker_id=worker_id, raised=died.raised, traceback=died.stacks,
+                    sample=sample, sample_indices=flat, batches_held=len(held),
+                    outcome=outcome,
+                )  # fmt: skip
             return diagnosis.worker_died(
                 worker_id=worker_id, pid=died.pid, exitcode=died.exitcode,
                 sample_indices=flat, batches_held=len(held),
@@ -182,13 +188,15 @@ class Recovery:
             self._skip_killer(blamed_task, sample, died)
         name = diagnosis.signal_name(died.exitcode)
         cause = f"killed by {name}" if name else f"exited with status {died.exitcode}"
+        if died.raised:
+            cause = f"ended by {died.raised}"
         self._replace(pool, worker_id, died, held, cause, sample, budget=True, log=error(""))
 
     def _skip_killer(self, task_id: int | None, sample: Any, died: Died) -> None:
         task = self._table.tasks.get(task_id) if task_id is not None else None
         if task is None or task_id is None:
             return
-        name = diagnosis.signal_name(died.exitcode) or f"exit status {died.exitcode}"
+        name = died.raised or diagnosis.signal_name(died.exitcode) or f"exit status {died.exitcode}"
         reason = f"killed the worker twice ({name})"
         if sample is not None and isinstance(task.indices, list) and len(task.indices) > 1:
             task.indices = [i for i in task.indices if i != sample]

@@ -31,14 +31,24 @@ class WorkerException(Exception):
 
 def rebuild_exception(worker_id: int, pid: int | None, failed: Failed) -> BaseException:
     """The dataset's exception as its own type, with the sample noted and the worker's
-    traceback as its cause; a stand-in keeping type name and text if it does not unpickle."""
-    exc: BaseException
+    traceback as its cause. A thread worker's is the object itself (its own traceback and
+    cause kept); one that did not pickle is rebuilt from its class and text, as torch
+    does; a stand-in keeping type name and text is the last resort."""
+    exc: BaseException | None = failed.error
+    if exc is not None:
+        add_note(exc, f"steadyload: raised in thread worker {worker_id} {failed.where}")
+        return exc
     if failed.exception is not None:
         try:
             exc = pickle.loads(failed.exception)
         except Exception:
-            exc = WorkerException(f"{failed.type_name}: {failed.text}")
-    else:
+            exc = None
+    if exc is None and failed.exception_type is not None:
+        try:
+            exc = pickle.loads(failed.exception_type)(failed.text)
+        except Exception:
+            exc = None
+    if exc is None:
         exc = WorkerException(
             f"{failed.type_name}: {failed.text} (the original exception could not be "
             "pickled, so it is re-raised under this type)"

@@ -94,3 +94,44 @@ def test_a_worker_that_hangs_while_starting_is_caught_by_hang_timeout(
             list(loader)
     finally:
         datasets.RELEASE.set()  # the abandoned threads end
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_a_dataset_exception_keeps_its_type_when_an_attribute_does_not_pickle(
+    worker_type: str,
+) -> None:
+    loader = sl.DataLoader(datasets.RaisesCorrupt(6, bad=3), batch_size=2, num_workers=2,
+                           worker_type=worker_type)  # fmt: skip
+    with pytest.raises(datasets.CorruptImage, match="bad JPEG marker in image 3") as caught:
+        list(loader)
+    assert any("while loading sample 3" in note for note in caught.value.__notes__)
+    if worker_type == "thread":  # nothing crossed a process: the very object, file and all
+        assert caught.value.file is not None
+        caught.value.file.close()
+
+
+def test_a_thread_workers_exception_is_handed_over_not_copied() -> None:
+    loader = sl.DataLoader(datasets.RaisesBig(), batch_size=1, num_workers=1,
+                           worker_type="thread")  # fmt: skip
+    with pytest.raises(datasets.BigError) as caught:
+        next(iter(loader))
+    assert caught.value.tensor is datasets.BIG  # not pickled and unpickled
+
+
+def test_sys_exit_in_a_thread_worker_is_named_with_its_sample() -> None:
+    loader = sl.DataLoader(datasets.Exits(8, at=5), batch_size=2, num_workers=2,
+                           worker_type="thread", max_restarts=0)  # fmt: skip
+    with pytest.raises(sl.WorkerDiedError) as caught:
+        list(loader)
+    text = str(caught.value)
+    assert "thread worker 0 ended: SystemExit: 3 was raised while loading sample 5" in text
+    assert "status None" not in text and "sys.exit(3)" in text, text
+
+
+def test_a_stream_that_thread_workers_cannot_copy_is_named() -> None:
+    loader = sl.DataLoader(datasets.LockedStream(), batch_size=2, num_workers=2,
+                           worker_type="thread")  # fmt: skip
+    with pytest.raises(sl.NotPicklableError, match=r"dataset\.lock: cannot pickle") as caught:
+        list(loader)
+    assert "copy of an IterableDataset" in str(caught.value)
+    assert "steadyload.per_worker" in str(caught.value)

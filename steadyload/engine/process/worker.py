@@ -221,6 +221,8 @@ class ProcessLink:
     """A worker process's `loop.Link`: messages from the reader thread, outcomes over the
     socket, batches packed into the arena's shared memory (one copy at most)."""
 
+    keeps_objects = False
+
     def __init__(
         self, sock: socket.socket, inbox: queue.SimpleQueue[Any], arena: Arena,
         cfg: WorkerConfig,

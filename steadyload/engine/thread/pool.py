@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from ...pickling import not_copyable
 from ..config import WorkerConfig
 from ..events import Died, GlobalRngDrawn
 from ..fetch import ITERABLE
@@ -79,6 +80,13 @@ def _stop_at_exit() -> None:
                 "returns is a hang: pass hang_timeout= to have it found during training.",
                 thread.name, EXIT_JOIN_S,
             )
+
+
+def _replica(dataset: Any) -> Any:
+    try:
+        return copy.deepcopy(dataset)
+    except Exception as exc:  # a lock, a connection, an open file: name it
+        raise not_copyable(dataset, exc) from exc
 
 
 def _register_exit_hook() -> None:
@@ -173,7 +181,7 @@ class ThreadPool:
         cfg = self._config
         # A stream's iterator and worker_init_fn's sharding write to the dataset: one
         # replica per thread, as per process. A map-style dataset is shared.
-        dataset = copy.deepcopy(cfg.dataset) if cfg.dataset_kind == ITERABLE else cfg.dataset
+        dataset = _replica(cfg.dataset) if cfg.dataset_kind == ITERABLE else cfg.dataset
         w.thread = threading.Thread(
             target=thread_main, args=(cfg, dataset, w, self._events),
             name=f"steadyload-thread-{worker_id}", daemon=True,

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..._seeding import SampleSeeder
+from ...describe import describe_exception
 from ...per_worker import enter_thread_worker
 from .. import loop, torch_hooks
 from ..config import WorkerConfig
@@ -106,6 +107,8 @@ class ThreadLink:
     """A worker thread's `loop.Link`: messages from its inbox, outcomes and batches queued
     as objects. It also measures the thread's tasks for ``worker_type="auto"``."""
 
+    keeps_objects = True
+
     def __init__(self, w: WorkerThread, events: Outbox) -> None:
         self._w = w
         self._events = events
@@ -179,9 +182,11 @@ def thread_main(cfg: WorkerConfig, dataset: Any, w: WorkerThread, events: Outbox
             if cfg.sample_seeds else None
         )
         loop.run(cfg, dataset, w.worker_id, link, w, seeder)
-    except BaseException:
+    except BaseException as exc:
         w.set_up.set()
+        text = describe_exception(exc)[1]
+        raised = f"{type(exc).__qualname__}: {text}" if text else type(exc).__qualname__
         link.put(Died(exitcode=None, pid=os.getpid(), progress=w.progress(),
-                      stacks=traceback.format_exc(), kind="thread"))  # fmt: skip
+                      stacks=traceback.format_exc(), kind="thread", raised=raised))  # fmt: skip
     finally:
         torch_hooks.set_thread_info(None)
