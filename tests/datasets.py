@@ -342,6 +342,32 @@ class LockedStream(IterableDataset[Any]):
         return iter(range(4))
 
 
+class ReadAhead(IterableDataset[Any]):
+    """A stream read by a producer thread that shards by ``get_worker_info()``, as a
+    read-ahead or decode pool does."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        import queue
+
+        items: queue.Queue[Any] = queue.Queue()
+
+        def produce() -> None:
+            info = get_worker_info()
+            workers, me = (info.num_workers, info.id) if info is not None else (1, 0)
+            for i in range(me, self.n, workers):
+                items.put(torch.tensor(i))
+            items.put(None)
+
+        producer = threading.Thread(target=produce, name="read-ahead", daemon=True)
+        producer.start()
+        while (item := items.get(timeout=30)) is not None:
+            yield item
+        producer.join(timeout=30)
+
+
 class BadUnpickle(Dataset[Any]):
     """Pickles fine in the parent, fails to unpickle in the worker."""
 

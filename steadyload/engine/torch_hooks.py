@@ -1,7 +1,8 @@
 """Every hook steadyload sets in torch's private internals, in one place (each has a check in
 tests/unit/test_private_apis.py that fails loudly if torch moves it).
 
-- ``get_worker_info()`` per process (`set_process_info`) or per thread (`install_per_thread`).
+- ``get_worker_info()`` per process (`set_process_info`) or per thread (`install_per_thread`;
+  threads a thread worker starts answer as their worker, through ``threading.Thread.start``).
 - Workers seeded as torch's ``_worker_loop`` seeds them (`seed_process`, `make_info`).
 - Shared storage (``UntypedStorage._new_shared``, which default_collate calls in workers)
   routed into a process worker's arena (`route_shared_storage`), or plain in a thread
@@ -33,7 +34,23 @@ import numpy as np
 import torch
 from torch.utils.data._utils import worker as _torch_worker
 
-_threads = threading.local()
+
+class _WorkerOfThread(threading.local):
+    """Which thread worker the calling thread is, or works for: a thread started by a
+    thread worker (a read-ahead producer, a decode pool) answers as its worker, as every
+    thread of a worker process answers as that process (`install_per_thread`)."""
+
+    own: Any = None
+
+    @property
+    def info(self) -> Any:
+        """The calling thread's worker info, its own or inherited; None outside workers."""
+        own = self.own
+        return own if own is not None else getattr(threading.current_thread(), _INHERITED, None)
+
+
+_INHERITED = "_steadyload_worker_info"
+_threads = _WorkerOfThread()
 _install_lock = threading.Lock()
 
 
@@ -102,9 +119,24 @@ def install_per_thread() -> None:
         _torch_worker._steadyload_threads = _threads  # type: ignore[attr-defined]  # ours
         function.__code__ = _per_thread_get_worker_info.__code__
         _install_plain_storage()
+        _install_inheritance()
 
 
 _HUGE_PAGED_BYTES = 4 << 20  # from where numpy asks for transparent huge pages (madvise)
+
+
+def _install_inheritance() -> None:
+    """Threads started from a thread worker answer `get_worker_info()` as that worker:
+    ``threading.Thread.start`` notes the starting thread's worker info on the new thread."""
+    original = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        info = _threads.info
+        if info is not None and getattr(self, _INHERITED, None) is None:
+            setattr(self, _INHERITED, info)
+        original(self)
+
+    threading.Thread.start = start  # type: ignore[method-assign]  # deliberate, once
 
 
 def _install_plain_storage() -> None:
@@ -130,7 +162,7 @@ def _install_plain_storage() -> None:
 
 def set_thread_info(info: Any) -> None:
     """What `get_worker_info()` returns in the calling thread (None: the process's own)."""
-    _threads.info = info
+    _threads.own = info
 
 
 def thread_worker_id() -> int | None:

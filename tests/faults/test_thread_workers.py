@@ -135,3 +135,10 @@ def test_a_stream_that_thread_workers_cannot_copy_is_named() -> None:
         list(loader)
     assert "copy of an IterableDataset" in str(caught.value)
     assert "steadyload.per_worker" in str(caught.value)
+
+
+def test_threads_a_thread_worker_starts_answer_as_their_worker() -> None:
+    loader = sl.DataLoader(datasets.ReadAhead(20), batch_size=None, num_workers=2,
+                           worker_type="thread")  # fmt: skip
+    got = sorted(int(x) for x in loader)
+    assert got == list(range(20))  # each item once: the producers shard by their worker
