@@ -368,6 +368,43 @@ class ReadAhead(IterableDataset[Any]):
         producer.join(timeout=30)
 
 
+class DrawsFromItsWorker(Dataset[Any]):
+    """The documented way to draw in any worker: the worker's own generators, or the
+    process-wide ones where there is no worker (``num_workers=0``)."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        generator = info.rng.torch_generator if info is not None else None
+        rng = info.rng.random_generator if info is not None else random
+        return torch.cat([torch.rand(2, generator=generator), torch.tensor([rng.random()])])
+
+
+class SlowAt(Dataset[Any]):
+    """Sample ``at`` takes ``delay_s`` (or until `RELEASE`); ``finished`` is set after it."""
+
+    def __init__(self, n: int, at: int, delay_s: float) -> None:
+        self.n, self.at, self.delay_s = n, at, delay_s
+        self.finished = threading.Event()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.at:
+            RELEASE.wait(self.delay_s)
+            self.finished.set()
+        return torch.tensor(i)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "finished"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, finished=threading.Event())
+
+
 class BadUnpickle(Dataset[Any]):
     """Pickles fine in the parent, fails to unpickle in the worker."""
 

@@ -107,6 +107,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             stream_state=self._stream_state,
             in_flight=(self._prefetch_factor, self._num_workers),
         )  # fmt: skip
+        self._awaiting: tuple[int, float] | None = None  # (task id, torch's timeout deadline)
         self._stash: tuple[Any, TaskEntry] | None = None  # a batch held back by Ctrl-C
         self._handing: tuple[Any, TaskEntry, tuple[Any, int | None]] | None = None
         self._views: Sequence[Any] = []  # WorkerView or ThreadView (or None), by worker id
@@ -329,11 +330,17 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         self._stash = (data, task)
 
     def _collect(self, awaited: int) -> None:
-        """Wait for pool events (or a hang) and record them in the task table."""
+        """Wait for pool events (or a hang) and record them in the task table.
+
+        torch's ``timeout`` counts from when the loop began waiting for the batch it yields
+        next (``awaited``), across the events of other batches that arrive meanwhile."""
         pool, watchdog = self._pool, self._watchdog
         assert pool is not None
-        timeout = self._timeout if self._timeout > 0 else None
-        deadline = time.monotonic() + timeout if timeout else None
+        deadline = None
+        if self._timeout > 0:
+            if self._awaiting is None or self._awaiting[0] != awaited:
+                self._awaiting = (awaited, time.monotonic() + self._timeout)
+            deadline = self._awaiting[1]
         while True:
             wakes = [deadline, watchdog.next_hang_deadline(pool), watchdog.next_lost_check()]
             wake = min((w for w in wakes if w is not None), default=None)

@@ -142,3 +142,31 @@ def test_threads_a_thread_worker_starts_answer_as_their_worker() -> None:
                            worker_type="thread")  # fmt: skip
     got = sorted(int(x) for x in loader)
     assert got == list(range(20))  # each item once: the producers shard by their worker
+
+
+def test_the_workers_own_generators_give_the_same_values_for_any_number_of_workers() -> None:
+    def draws(**kwargs: Any) -> list[list[float]]:
+        loader = sl.DataLoader(datasets.DrawsFromItsWorker(), batch_size=3, sample_seeds=True,
+                               generator=torch.Generator().manual_seed(7), **kwargs)
+        return [b.tolist() for b in loader]
+
+    alone = draws(num_workers=0)
+    assert draws(num_workers=2) == alone
+    assert draws(num_workers=3, worker_type="thread") == alone
+
+
+def test_torchs_timeout_is_raised_without_waiting_for_the_thread_that_holds_the_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from steadyload.engine.thread import pool
+
+    monkeypatch.setattr(pool, "_JOIN_S", 30.0)  # a teardown that waited would outlast it
+    ds = datasets.SlowAt(8, at=4, delay_s=10.0)
+    loader = sl.DataLoader(ds, batch_size=2, num_workers=2, worker_type="thread", timeout=1)
+    datasets.RELEASE.clear()
+    try:
+        with pytest.raises(sl.WorkerHangError, match="DataLoader timed out after 1 seconds"):
+            list(loader)
+        assert not ds.finished.is_set()  # raised while the sample still loads
+    finally:
+        datasets.RELEASE.set()

@@ -45,7 +45,7 @@ from ..events import Died, GlobalRngDrawn
 from ..fetch import ITERABLE
 from ..pool import THREAD, Kind, wait_any
 from ..protocol import Reset, Restore, Stop, Task
-from ..status import Progress
+from ..status import IDLE, Progress
 from ..torch_hooks import install_per_thread
 from .sharing import drawn, global_rngs, process_rngs, restore_default, restore_rngs
 from .worker import Outbox, WorkerThread, thread_main
@@ -196,8 +196,9 @@ class ThreadPool:
         return w
 
     def shutdown(self) -> None:
-        """Ask every thread to stop and wait a little for each; one inside a long dataset
-        call is left to finish on its own (a daemon thread: it never blocks exit)."""
+        """Ask every thread to stop, and wait a little for the idle ones (they exit at
+        once); one inside a dataset call is left to finish on its own (a daemon thread; at
+        exit `_stop_at_exit` waits for it), so an error is raised without waiting for it."""
         self.running = False
         _live_pools.discard(self)
         live = [w for w in self._workers if w is not None]
@@ -208,7 +209,8 @@ class ThreadPool:
         deadline = time.monotonic() + _JOIN_S
         for w in live:
             assert w.thread is not None
-            w.thread.join(max(0.0, deadline - time.monotonic()))
+            if w.progress().stage == IDLE:
+                w.thread.join(max(0.0, deadline - time.monotonic()))
         self._events.close()  # what is still queued is dropped with this pool
 
     def measured(self) -> tuple[int, int, float]:
