@@ -4,9 +4,11 @@ CPython's `popen_forkserver.Popen._launch` writes the worker's start data to a p
 then blocks reading the new pid back from the server, without a timeout: a fork server
 that is stopped (SIGSTOP, a debugger, a cgroup freezer) or stuck never answers, and the
 loader hangs in `iter()` with nothing said. Here the same exchange waits in slices: a
-stopped server is named at once, a server that is merely slow (the first start waits for
-its preloads, torch alone about a second) is given `START_TIMEOUT_S`, and then the start
-fails with what was seen. A server that died answers EOF, as in CPython.
+stopped server is named at once; a server that is slow (the first start waits for its
+preloads: torch, your dataset's module and what it imports, from a cold network disk) is
+waited for as long as it makes progress (its CPU time or the bytes it reads grow), and one
+that has made none for `STALL_S` fails the start with what was seen. A server that died
+answers EOF, as in CPython.
 
 Used through `BoundedPopen` by the forkserver context (`FORKSERVER`, a `ForkServerContext`
 whose processes launch this way) and the zygote's (zygote.py). Written against CPython 3.10
@@ -22,10 +24,9 @@ import time
 from multiprocessing import context, forkserver, popen_forkserver, process, reduction, spawn, util
 from typing import Any
 
-START_TIMEOUT_S = 120.0
-"""How long a running fork server may take to fork a worker: its first fork waits for its
-preloads (your dataset's module and what it imports: transformers can take tens of seconds
-on a cold disk)."""
+STALL_S = 120.0
+"""How long a fork server may make no progress at all (neither CPU time nor reads) before
+a worker start it has not answered fails. [Unit: second]"""
 _SLICE_S = 0.25  # how often the server's state is looked at while waiting
 
 
@@ -47,26 +48,63 @@ def server_state(pid: int) -> str | None:
     return stat[stat.rfind(b")") + 2 :][:1].decode() or None  # the name may hold spaces
 
 
-def _wait(fd: int, for_write: bool, server_pid: int | None, deadline: float) -> None:
+def server_progress(pid: int) -> tuple[int, int]:
+    """(CPU ticks, bytes read) of process ``pid`` so far; what cannot be read counts 0."""
+    ticks = read = 0
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[-1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime + stime
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            read = int(next(line for line in f if line.startswith(b"rchar:")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        pass
+    return ticks, read
+
+
+class _Watch:
+    """The server a start waits on: stopped, or without progress for `STALL_S`."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self._seen = server_progress(pid) if pid is not None else (0, 0)
+        self._since = time.monotonic()
+
+    def check(self) -> None:
+        """Raise `StartStalled` if the server is stopped or has made no progress lately."""
+        pid = self.pid
+        if pid is None:
+            return
+        state = server_state(pid)
+        server = f"the fork server (pid {pid})"
+        if state in ("T", "t"):
+            raise StartStalled(f"{server} is stopped (process state {state!r}: SIGSTOP, a "
+                               "debugger or a frozen cgroup)", pid, True)  # fmt: skip
+        now, seen = time.monotonic(), server_progress(pid)
+        if seen != self._seen:
+            self._seen, self._since = seen, now
+        elif now - self._since >= STALL_S:
+            raise StartStalled(f"{server} did not fork the worker and made no progress (no "
+                               f"CPU time, no reads) for {STALL_S:g} s (process state "
+                               f"{state!r})", pid, False)  # fmt: skip
+
+
+def _wait(fd: int, for_write: bool, watch: _Watch) -> None:
     """Until ``fd`` is ready, checking on the server between slices."""
     while True:
         ready = select.select([], [fd], [], _SLICE_S)[1] if for_write else (
             select.select([fd], [], [], _SLICE_S)[0])  # fmt: skip
         if ready:
             return
-        state = server_state(server_pid) if server_pid is not None else None
-        server = f"the fork server (pid {server_pid})"
-        if state in ("T", "t"):
-            raise StartStalled(f"{server} is stopped (process state {state!r}: SIGSTOP, a "
-                               "debugger or a frozen cgroup)", server_pid, True)  # fmt: skip
-        if time.monotonic() >= deadline:
-            raise StartStalled(f"{server} did not fork the worker within {START_TIMEOUT_S:g} "
-                               f"s (process state {state!r})", server_pid, False)  # fmt: skip
+        watch.check()
 
 
 class BoundedPopen(popen_forkserver.Popen):
-    """`popen_forkserver.Popen` whose launch waits at most `START_TIMEOUT_S` (`_server`
-    names the fork server to ask)."""
+    """`popen_forkserver.Popen` whose launch waits while the server makes progress
+    (`_server` names the fork server to ask)."""
 
     def _server(self) -> Any:
         """The running fork server (``connect_to_new_process``, ``_forkserver_pid``)."""
@@ -94,16 +132,16 @@ class BoundedPopen(popen_forkserver.Popen):
         # when this process dies.
         parent_w = os.dup(w)
         self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))  # type: ignore[attr-defined]  # close_fds is private
-        deadline = time.monotonic() + START_TIMEOUT_S
+        watch = _Watch(server_pid)
         data = memoryview(buf.getbuffer())
         try:
             os.set_blocking(w, False)  # a stopped server leaves a full pipe full
             while data:
-                _wait(w, True, server_pid, deadline)
+                _wait(w, True, watch)
                 data = data[os.write(w, data) :]
         finally:
             os.close(w)
-        _wait(self.sentinel, False, server_pid, deadline)
+        _wait(self.sentinel, False, watch)
         self.pid = forkserver.read_signed(self.sentinel)
 
 
@@ -127,7 +165,7 @@ _ForkServerContext: Any = getattr(context, "ForkServerContext", context.BaseCont
 
 
 class ForkserverContext(_ForkServerContext):  # CPython's or its base
-    """CPython's forkserver context, whose worker starts wait at most `START_TIMEOUT_S`."""
+    """CPython's forkserver context, whose worker starts never wait on a stuck server."""
 
     Process = _ForkserverProcess  # a BaseProcess, as CPython's
 

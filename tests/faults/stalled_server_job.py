@@ -1,10 +1,11 @@
 """A loader whose fork server does not answer a worker start; prints what it saw as JSON.
 
 Run by tests/faults/test_stalled_server.py in a process of its own (the fork server is
-process-wide): ``python stalled_server_job.py stopped|slow forkserver|zygote``.
+process-wide): ``python stalled_server_job.py stopped|slow|busy forkserver|zygote``.
 stopped: the warm server gets SIGSTOP before the next loader starts its workers.
-slow: the server's preload (the dataset's module) takes 3 s to import, and the job allows
-a start 1 s (launch.START_TIMEOUT_S; 120 s by default).
+slow: the server's preload (the dataset's module) sleeps 3 s in its import, and the job
+allows a server 1 s without progress (launch.STALL_S; 120 s by default).
+busy: the same, but the import computes for 3 s: progress, so the start is waited for.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from multiprocessing import forkserver
 import steadyload as sl
 from steadyload.start import launch
 from steadyload.start.context import zygote_pid
+from tests.faults.busy_import import BusyToImport
 from tests.faults.slow_import import SlowToImport
 
 if __name__ == "__main__":
@@ -26,7 +28,8 @@ if __name__ == "__main__":
     os.environ["STEADYLOAD_TEST_JOB_PID"] = str(os.getpid())  # not slow to import here
 
     def loader() -> sl.DataLoader:
-        return sl.DataLoader(SlowToImport(8), batch_size=2, num_workers=2, start_method=method)
+        dataset = BusyToImport(8) if how == "busy" else SlowToImport(8)
+        return sl.DataLoader(dataset, batch_size=2, num_workers=2, start_method=method)
 
     def server_pid() -> int | None:
         return zygote_pid() if method == "zygote" else forkserver._forkserver._forkserver_pid
@@ -38,16 +41,16 @@ if __name__ == "__main__":
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
     else:
-        launch.START_TIMEOUT_S = 1.0
+        launch.STALL_S = 1.0
     began = time.monotonic()
     try:
-        list(loader())
+        seen["first"] = [b.tolist() for b in loader()]
     except sl.WorkerStartError as exc:
         seen["error"], seen["type"] = str(exc), type(exc).__name__
     seen["waited_s"] = time.monotonic() - began
     if how == "stopped":
         os.kill(server_pid() or 0, signal.SIGCONT)
     else:
-        launch.START_TIMEOUT_S = 120.0
+        launch.STALL_S = 120.0
     seen["after"] = [b.tolist() for b in loader()]  # the server answers again: all is well
     print(json.dumps(seen))

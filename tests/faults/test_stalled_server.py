@@ -44,8 +44,16 @@ def test_a_stopped_server_is_named_at_once(method: str) -> None:
 def test_a_server_slow_past_the_timeout_fails_the_start_with_what_was_seen() -> None:
     seen = _run("slow", "forkserver")
     error = str(seen["error"])
-    # Still importing its preloads: running or sleeping (on the disk), not stopped.
-    assert "did not fork the worker within 1 s (process state '" in error, error
+    # Still importing its preloads, asleep: no CPU time, no reads, not stopped.
+    assert ("did not fork the worker and made no progress (no CPU time, no reads) for 1 s "
+            "(process state '") in error, error
     assert "is stopped" not in error and "Fix: see what it is doing (`py-spy dump --pid " in error
     assert 1.0 <= float(seen["waited_s"]) < 10  # type: ignore[arg-type]
     assert seen["after"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_a_server_slow_but_making_progress_is_waited_for() -> None:
+    seen = _run("busy", "forkserver")  # 3 s of CPU in its import, 1 s allowed without progress
+    assert "error" not in seen, seen
+    assert seen["first"] == seen["after"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert float(seen["waited_s"]) >= 2.0  # type: ignore[arg-type]  # it did wait for the import
