@@ -124,6 +124,11 @@ class LoaderReport:
         for choice in (self.num_workers_choice, self.worker_type_choice):
             if choice:
                 lines.append(f"  {choice}")
+        if self.worker_kind == "thread":
+            lines.append(
+                "  thread workers: a sample that crashes native code ends this process; "
+                "worker_type='process' replaces the worker and skips the sample"
+            )
         if self.preload_requested:
             lines.append(
                 f"  fork server preload: {summarize_modules(self.preload_requested)}"

@@ -170,3 +170,18 @@ def test_torchs_timeout_is_raised_without_waiting_for_the_thread_that_holds_the_
         assert not ds.finished.is_set()  # raised while the sample still loads
     finally:
         datasets.RELEASE.set()
+
+
+def test_a_native_crash_in_a_thread_worker_ends_the_process_but_says_where() -> None:
+    out = _job("native_crash_job.py", "thread")
+    assert out.returncode == -11, (out.returncode, out.stderr[-3000:])  # SIGSEGV: no healing
+    assert "Fatal Python error: Segmentation fault" in out.stderr, out.stderr[-3000:]
+    assert "tests/datasets.py" in out.stderr and "__getitem__" in out.stderr
+
+
+def test_auto_with_skip_picks_processes_that_survive_a_native_crash() -> None:
+    out = _job("native_crash_job.py", "auto-skip")
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["kind"] == "process" and seen["skipped"] == [5]
+    assert seen["got"] == [i for i in range(16) if i != 5]

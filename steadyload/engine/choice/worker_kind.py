@@ -32,7 +32,9 @@ docs/design/figures.md#auto, and the rule is tested with injected measurements
 
 Some loaders are never started on threads: a stream (its position lives in the replica
 that reads it, which cannot move to a process), a ``worker_init_fn`` (it would run in this
-process: a common one reseeds this process's numpy), ``max_worker_memory``.
+process), ``max_worker_memory``, and ``on_error="skip"`` (data expected to be partly bad:
+a sample that crashes native code ends the process that loads it, which with threads is
+the training process).
 """
 
 from __future__ import annotations
@@ -122,6 +124,11 @@ def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | 
 
     if max_worker_memory is not None:
         return chose("process", "max_worker_memory needs workers with memory of their own")
+    if getattr(loader, "on_error", "raise") == "skip":
+        return chose("process", "on_error='skip' expects bad samples, and one that crashes "
+                                "native code (a corrupt file in a C decoder) would end this "
+                                "process under thread workers; a process worker is replaced "
+                                "and the sample skipped")
     if not gil_enabled():
         return chose("thread", "this interpreter runs without the GIL")
     if isinstance(loader.dataset, IterableDataset):

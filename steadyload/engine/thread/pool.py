@@ -27,6 +27,7 @@ What threads change:
 from __future__ import annotations
 
 import copy
+import faulthandler
 import logging
 import os
 import sys
@@ -151,6 +152,10 @@ class ThreadPool:
         """Start every worker thread."""
         install_per_thread()
         _register_exit_hook()
+        if not faulthandler.is_enabled():
+            # A crash in native code (a corrupt file in a C decoder) ends this process with
+            # thread workers: at least its stacks, the dataset's frames among them, are told.
+            faulthandler.enable(all_threads=True)
         _live_pools.add(self)
         self._spawn_set_up(range(self._num_workers))
         self.running = True
