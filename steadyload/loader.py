@@ -24,7 +24,7 @@ from .iterators.workers import WorkerIterator
 from .options import OPTION_NAMES, LoaderOptions, options_of
 from .rebuild_watch import caller_frame, note_read
 from .report import LoaderReport, RunRecord
-from .start.context import StartInfo, resolve_context
+from .start.context import StartInfo, resolve_context, warms_in_background
 from .worker_count import AutoChoice, resolve_num_workers
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -285,12 +285,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             if self._worker_choice is None:
                 self._worker_choice = static_choice(self, self._options.max_worker_memory_bytes)
             if self._worker_choice is None:  # measured on the first batches
-                return PoolPlan("auto", processes=self._start_context)
+                warm = warms_in_background(self._options.start_method, self.multiprocessing_context)
+                return PoolPlan("auto", processes=self._start_context, warm=warm)
             kind = self._worker_choice.kind
         if kind == "thread":
             return THREADS
-        ctx, start = self._start_context()
-        return PoolPlan("process", context=ctx, start=start)
+        return PoolPlan("process", *self._start_context())
 
     def _start_context(self) -> tuple[multiprocessing.context.BaseContext, StartInfo]:
         """The workers' context and how it was chosen (decided once per loader)."""

@@ -32,6 +32,9 @@ class PoolPlan:
     """How the processes start, and the fork server's preloads ("process")."""
     processes: Callable[[], tuple[BaseContext, StartInfo]] | None = None
     """"auto": the processes' context and start, resolved only if they are needed."""
+    warm: bool = False
+    """"auto": resolving ``processes`` only starts a fork server in the background (no fork
+    of this process), so it may be done as soon as the figures lean to processes."""
 
     @property
     def start_method(self) -> str | None:
@@ -56,7 +59,7 @@ def make_pool(
     pool: WorkerPool
     if plan.kind == "auto":
         assert plan.processes is not None
-        pool = HandoverPool(config, num_workers, plan.processes, process_checks)
+        pool = HandoverPool(config, num_workers, plan.processes, process_checks, warm=plan.warm)
     elif plan.kind == "thread":
         pool = ThreadPool(config, num_workers)
     else:

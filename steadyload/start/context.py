@@ -43,6 +43,13 @@ def default_method() -> str:
     return "forkserver" if "forkserver" in methods and sys.platform != "darwin" else "spawn"
 
 
+def warms_in_background(start_method: str, explicit: object) -> bool:
+    """Whether `resolve_context` for these would only start CPython's fork server, in the
+    background (no fork of this process): safe while thread workers run."""
+    return explicit is None and start_method in ("auto", "forkserver") and (
+        default_method() == "forkserver")
+
+
 def prestart(preload: Iterable[str] = ("torch",), *, start_method: str = "forkserver") -> None:
     """Start the fork server now, importing ``preload`` in it, in the background.
 

@@ -84,3 +84,14 @@ def test_cheap_samples_go_to_processes_though_the_gil_looks_free() -> None:
     assert one_a_batch is not None and one_a_batch.kind == "thread"
     assert "a sample took 20 us, but a batch only 20 us, less than a process worker's" in (
         one_a_batch.reason)
+
+
+def test_the_first_figures_lean_to_processes_before_they_decide() -> None:
+    interval = sys.getswitchinterval()
+    busy = (worker_kind.LEAN_PROBES, worker_kind.LEAN_PROBES * interval)  # a busy GIL
+    assert worker_kind.leans_to_processes((0, 0, 0.0), busy)
+    assert live_choice((0, 0, 0.0), 2, busy) is None  # too few figures to decide yet
+    assert not worker_kind.leans_to_processes((0, 0, 0.0), (worker_kind.LEAN_PROBES - 1, 1.0))
+    assert not worker_kind.leans_to_processes((2, 64, 0.064), (10, 0.0))  # free, 1 ms samples
+    assert worker_kind.leans_to_processes((2, 128, 0.002), (10, 0.0))  # cheap, 1 ms batches
+    assert not worker_kind.leans_to_processes((2, 2, 0.00002), (10, 0.0))  # cheap, tiny tasks

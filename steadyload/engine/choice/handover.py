@@ -37,7 +37,7 @@ from ..process.pool import ProcessPool
 from ..protocol import Empty, Exhausted, Failed
 from ..status import Progress
 from ..thread.pool import ThreadPool
-from .worker_kind import GilProbe, WorkerChoice, chose, live_choice
+from .worker_kind import GilProbe, WorkerChoice, chose, leans_to_processes, live_choice
 
 _LOG = logging.getLogger(__name__)
 _OUTCOMES = (Received, Failed, Empty, Exhausted)
@@ -67,9 +67,10 @@ class HandoverPool:
     def __init__(
         self, config: WorkerConfig, num_workers: int,
         processes: Callable[[], tuple[BaseContext, Any]],
-        prepare: Callable[[str], None],
+        prepare: Callable[[str], None], *, warm: bool = False,
     ) -> None:  # fmt: skip
         self._config = config
+        self._warm = warm  # start the fork server once the figures lean to processes
         self._num_workers = num_workers
         self._processes = processes  # the start context, resolved only if processes are needed
         self._prepare = prepare  # the checks a process start needs, given its method
@@ -166,6 +167,9 @@ class HandoverPool:
             else live_choice(measured, self._num_workers, (probe.probes, probe.waited_s))
         )  # fmt: skip
         if choice is None:
+            if self._warm and leans_to_processes(measured, (probe.probes, probe.waited_s)):
+                self._warm = False
+                self._warm_up()
             return
         self._choice = choice
         probe.stop()
@@ -201,6 +205,13 @@ class HandoverPool:
 
         self._helper = threading.Thread(target=start, name="steadyload-handover", daemon=True)
         self._helper.start()
+
+    def _warm_up(self) -> None:
+        """Start the processes' fork server now (it imports in the background)."""
+        try:
+            self._processes()
+        except Exception as exc:  # said again, and handled, if processes are chosen
+            _LOG.debug("the fork server could not be started early: %s", exc)
 
     def _stay(self, why: str) -> None:
         reason = f"{self._choice.reason if self._choice else ''}; but {why}, so it stays on threads"

@@ -60,6 +60,7 @@ MIN_PROCESS_BATCH_S = 0.5e-3
 worker's batch has a cost of its own to the main process (receive, rebuild, bookkeeping),
 so below this threads stay ahead."""
 MIN_PROBES = 30
+LEAN_PROBES = 5  # probes that may already lean to processes (the fork server starts then)
 MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding
 MIN_WALL_S = 0.2  # and this much loading time, summed over the threads: a pause of this
 # process (a busy machine, a garbage collection) must not decide it
@@ -138,6 +139,18 @@ def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | 
         return chose("process", "a worker_init_fn would run in this process on threads "
                                  "(it may seed this process's random generators)")
     return None
+
+
+def leans_to_processes(measured: tuple[int, int, float], probe: tuple[int, float]) -> bool:
+    """Whether the first figures, too few to decide, already point to processes: then the
+    fork server is started (a cold one imports torch for seconds), so that the processes,
+    if chosen, start at once; GIL-free work never pays for one."""
+    tasks, samples, wall = measured
+    probes, waited = probe
+    if probes >= LEAN_PROBES and waited / probes >= BUSY_SHARE * sys.getswitchinterval():
+        return True
+    cheap = wall / max(samples, 1) < CHEAP_SAMPLE_S
+    return tasks > 0 and cheap and wall / tasks >= MIN_PROCESS_BATCH_S
 
 
 def live_choice(measured: tuple[int, int, float], workers: int,
