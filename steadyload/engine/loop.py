@@ -100,6 +100,10 @@ def failed_outcome(task_id: int, exc: BaseException, where: str, *, keep: bool =
     )  # fmt: skip
 
 
+def _fail(link: Link, task_id: int, exc: BaseException, where: str) -> None:
+    link.send(failed_outcome(task_id, exc, where, keep=link.keeps_objects))
+
+
 def run(
     cfg: WorkerConfig, dataset: Any, worker_id: int, link: Link, status: Status,
     seeder: Any,
@@ -134,7 +138,7 @@ def run(
             case _:
                 raise RuntimeError(f"[steadyload internal error] unexpected message {msg!r}")
         if init_error is not None:
-            link.send(failed_outcome(msg.task_id, *init_error, keep=link.keeps_objects))
+            _fail(link, msg.task_id, *init_error)
             continue
         assert fetcher is not None  # start_fetching: a fetcher unless an error
         if ended:
@@ -166,11 +170,11 @@ def _run_task(
         if kind == ITERABLE:
             link.send(Exhausted(task.task_id, tuple(fetcher.skipped)))
             return True
-        link.send(failed_outcome(task.task_id, exc, fetcher.where, keep=link.keeps_objects))
+        _fail(link, task.task_id, exc, fetcher.where)
         return False
     except Exception as exc:
         link.cancel_task()
-        link.send(failed_outcome(task.task_id, exc, fetcher.where, keep=link.keeps_objects))
+        _fail(link, task.task_id, exc, fetcher.where)
         return False
     status.fields[STAGE] = SENDING
     try:
@@ -178,7 +182,7 @@ def _run_task(
     except Exception as exc:
         link.cancel_task()
         where = "while sending the batch to the main process"
-        link.send(failed_outcome(task.task_id, exc, where, keep=link.keeps_objects))
+        _fail(link, task.task_id, exc, where)
         return False
     del data  # before the task ends: a batch still referenced here pins its segments
     try:
@@ -186,7 +190,7 @@ def _run_task(
     except Exception as exc:  # user code: reported like the dataset's own errors
         link.cancel_task()
         where = "while saving the stream's position (state_dict())"
-        link.send(failed_outcome(task.task_id, exc, where, keep=link.keeps_objects))
+        _fail(link, task.task_id, exc, where)
         return False
     link.send_batch(Done(
         task_id=task.task_id, payload=b"", segments=(), skipped=tuple(fetcher.skipped),
