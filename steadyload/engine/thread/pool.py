@@ -13,8 +13,9 @@ What threads change:
   ``__getitem__`` must be thread-safe); an IterableDataset gets a replica per thread
   (`copy.deepcopy`), as each worker process has its own, since ``iter()`` state and
   `worker_init_fn`'s sharding write to it.
-- `get_worker_info()` answers per thread (engine/worker_info.py); process-wide random
-  generators are not reseeded (the training loop shares them); each thread has its own
+- `get_worker_info()` answers per thread (../torch_hooks.py); the process-wide random
+  generators are the training loop's: never reseeded for a thread, and put back after the
+  threads' set-up (``worker_init_fn``); each thread has its own
   (``get_worker_info().rng``: torch's container for thread workers).
 - A thread cannot be killed. `kill` (after ``hang_timeout``) *abandons* it: it is
   dropped from the live set, a `Died` event reports it, and a replacement thread with the
