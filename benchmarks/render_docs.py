@@ -419,8 +419,8 @@ def short_epoch(data: dict[str, Any]) -> Section:
         "batch 32, 2 workers, the first epoch of a fresh process: the clock runs from the",
         "loader's construction to the epoch's end, so a fork server's start and",
         "`worker_type=\"auto\"`'s measurement and hand-over count. Repetitions interleaved;",
-        f"medians. auto against the better of steadyload's fixed choices: "
-        f"{data['auto_ratio']:.2f}x (the goal: at least 0.9x).",
+        (f"medians. auto against the better of steadyload's fixed choices: "
+         f"{data['auto_ratio']:.2f}x (the goal: at least 0.9x)."),
         "",
         *_provenance(data),
         *_table(["loader", "samples/s", "vs torch fork"], rows),
