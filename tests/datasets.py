@@ -132,8 +132,18 @@ class RaisesOdd(Dataset[Any]):
         raise OddError(i, 2)
 
 
+class CorruptImage(Exception):
+    """A decoder's error that keeps the open file: the exception does not pickle."""
+
+    def __init__(self, message: str, file: Any = None) -> None:
+        super().__init__(message)
+        self.file = file
+
+
 class Fault(Dataset[Any]):
-    """A dataset that injects a real fault at index ``at``: kill, exit, segfault, hang."""
+    """A dataset that injects a real fault at index ``at``: kill, exit, segfault, hang;
+    ``sys-exit`` (sys.exit(3), as a library's error path sometimes does), ``corrupt``
+    (`CorruptImage` holding an open file: an exception that does not pickle)."""
 
     def __init__(self, n: int, at: int, how: str, delay_s: float = 0.0) -> None:
         self.n, self.at, self.how, self.delay_s = n, at, how, delay_s
@@ -155,6 +165,10 @@ class Fault(Dataset[Any]):
                 ctypes.string_at(0)
             elif self.how == "hang":
                 time.sleep(3600)
+            elif self.how == "sys-exit":
+                sys.exit(3)
+            elif self.how == "corrupt":
+                raise CorruptImage(f"bad JPEG marker in image {i}", open(os.devnull, "rb"))  # noqa: SIM115
         return torch.tensor(i)
 
 
@@ -275,29 +289,6 @@ class HangsInIter(IterableDataset[Any]):
         return iter(range(4))
 
 
-class CorruptImage(Exception):
-    """A decoder's error that keeps the open file: the exception does not pickle."""
-
-    def __init__(self, message: str, file: Any = None) -> None:
-        super().__init__(message)
-        self.file = file
-
-
-class RaisesCorrupt(Dataset[Any]):
-    """Sample ``bad`` raises `CorruptImage` holding an open file."""
-
-    def __init__(self, n: int, bad: int) -> None:
-        self.n, self.bad = n, bad
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        if i == self.bad:
-            raise CorruptImage(f"bad JPEG marker in image {i}", open(os.devnull, "rb"))  # noqa: SIM115
-        return torch.tensor(i)
-
-
 class BigError(Exception):
     """An exception that carries a big tensor (a decoder's partial output)."""
 
@@ -315,21 +306,6 @@ class RaisesBig(Dataset[Any]):
 
     def __getitem__(self, i: int) -> Any:
         raise BigError(BIG)
-
-
-class Exits(Dataset[Any]):
-    """Sample ``at`` calls sys.exit(3), as a library's error path sometimes does."""
-
-    def __init__(self, n: int, at: int) -> None:
-        self.n, self.at = n, at
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        if i == self.at:
-            sys.exit(3)
-        return torch.tensor(i)
 
 
 class LockedStream(IterableDataset[Any]):

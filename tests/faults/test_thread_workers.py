@@ -100,7 +100,7 @@ def test_a_worker_that_hangs_while_starting_is_caught_by_hang_timeout(
 def test_a_dataset_exception_keeps_its_type_when_an_attribute_does_not_pickle(
     worker_type: str,
 ) -> None:
-    loader = sl.DataLoader(datasets.RaisesCorrupt(6, bad=3), batch_size=2, num_workers=2,
+    loader = sl.DataLoader(datasets.Fault(6, 3, "corrupt"), batch_size=2, num_workers=2,
                            worker_type=worker_type)  # fmt: skip
     with pytest.raises(datasets.CorruptImage, match="bad JPEG marker in image 3") as caught:
         list(loader)
@@ -119,7 +119,7 @@ def test_a_thread_workers_exception_is_handed_over_not_copied() -> None:
 
 
 def test_sys_exit_in_a_thread_worker_is_named_with_its_sample() -> None:
-    loader = sl.DataLoader(datasets.Exits(8, at=5), batch_size=2, num_workers=2,
+    loader = sl.DataLoader(datasets.Fault(8, 5, "sys-exit"), batch_size=2, num_workers=2,
                            worker_type="thread", max_restarts=0)  # fmt: skip
     with pytest.raises(sl.WorkerDiedError) as caught:
         list(loader)
