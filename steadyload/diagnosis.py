@@ -305,6 +305,10 @@ def worker_hung(
         else f"samples {format_indices(sample_indices)}"
     )
     doing = f"starting ({starting})" if starting else f"loading {what}"
+    culprit = (
+        "a worker_init_fn or __iter__ that never returns" if starting
+        else "a sample that never finishes loading"
+    )
     again = "twice, on two fresh workers" if times >= 2 else "and no restart was left"
     who = f"thread worker {worker_id}" if thread else f"worker {worker_id} (pid {pid})"
     where = (
@@ -319,9 +323,8 @@ def worker_hung(
         f"steadyload: {who} hung while {doing}: it ran for "
         f"more than hang_timeout={hang_timeout_s} s {again}.\n"
         f"{where}\n{_tail(stack, 40)}\n{abandoned}"
-        f"Likely cause: {'a worker_init_fn or __iter__' if starting else 'a sample'} that never "
-        "finishes (an endless loop, a network or disk read without a timeout, a lock held "
-        "forever, a deadlock in a native library).\n"
+        f"Likely cause: {culprit} (an endless loop, a network or disk read without a "
+        "timeout, a lock held forever, a deadlock in a native library).\n"
         "Fix: look at the innermost frames above; add a timeout to the I/O, or raise "
         "hang_timeout if such samples are just slow."
     )
