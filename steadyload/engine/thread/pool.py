@@ -56,6 +56,9 @@ _JOIN_S = 2.0  # how long shutdown waits for a thread that is inside a dataset c
 DRAW_CHECKS = 256
 """Waits around which the process-wide generators are compared (a dataset that draws from
 them is found while the training loop waits for data; its own draws are made outside)."""
+SET_UP_WAIT_S = 30.0
+"""Without ``hang_timeout``, how long a thread's set-up is waited for before the training
+loop goes on (the generators are put back then; a set-up slower than that may still draw)."""
 EXIT_JOIN_S = 30.0
 """At interpreter exit, how long to wait for worker threads still inside dataset code."""
 _LOG = logging.getLogger(__name__)
@@ -167,17 +170,18 @@ class ThreadPool:
 
     def _spawn_set_up(self, worker_ids: Iterable[int]) -> None:
         """Start threads and wait for their set-up (``worker_init_fn``, ``iter(dataset)``),
-        at most ``hang_timeout`` (a set-up past it is then found by the hang watch), with
-        the process-wide generators put back after it: the caller (the training loop)
-        draws nothing meanwhile, so its random stream is the one it has under processes."""
+        at most ``hang_timeout`` (a set-up past it is then found by the hang watch) or
+        `SET_UP_WAIT_S`, with the process-wide generators put back after it: the caller
+        (the training loop) draws nothing meanwhile, so its random stream is the one it has
+        under processes."""
         states = process_rngs()
         try:
             spawned = [self._spawn(worker_id) for worker_id in worker_ids]
-            limit = self._config.hang_timeout_s
-            deadline = None if limit is None else time.monotonic() + limit
+            # Never unbounded: the caller may hold Ctrl-C (a restart inside the iterator's
+            # bookkeeping); a set-up past hang_timeout is the hang watch's to find.
+            deadline = time.monotonic() + (self._config.hang_timeout_s or SET_UP_WAIT_S)
             for w in spawned:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                w.set_up.wait(left)
+                w.set_up.wait(max(0.0, deadline - time.monotonic()))
         finally:
             restore_rngs(states)
 
