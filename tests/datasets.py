@@ -206,30 +206,21 @@ class HandsOver(Slow):
         return super().__getitem__(i)
 
 
-class HangsInAProcess(HandsOver):
-    """Hands over (`HandsOver`); a process worker hangs on every sample from ``hang_at``."""
+class FaultInAProcess(HandsOver):
+    """Hands over (`HandsOver`); a process worker then faults on every sample: ``how`` is
+    "hang" (60 s) or "sigkill"."""
 
-    def __init__(self, n: int, marker_dir: str, hang_at: int) -> None:
+    def __init__(self, n: int, marker_dir: str, how: str) -> None:
         super().__init__(n, marker_dir, 0.002)
-        self.hang_at = hang_at
-
-    def __getitem__(self, i: int) -> Any:
-        info = get_worker_info()
-        if i >= self.hang_at and info is not None and info.worker_method == "multiprocessing":
-            time.sleep(60)
-        return super().__getitem__(i)
-
-
-class DiesInAProcess(HandsOver):
-    """Hands over (`HandsOver`); a process worker SIGKILLs itself on any sample."""
-
-    def __init__(self, n: int, marker_dir: str) -> None:
-        super().__init__(n, marker_dir, 0.002)
+        self.how = how
 
     def __getitem__(self, i: int) -> Any:
         info = get_worker_info()
         if info is not None and info.worker_method == "multiprocessing":
-            os.kill(os.getpid(), signal.SIGKILL)
+            if self.how == "hang":
+                time.sleep(60)
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
         return super().__getitem__(i)
 
 

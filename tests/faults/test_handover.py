@@ -19,7 +19,7 @@ import pytest
 
 import steadyload as sl
 from steadyload.engine.choice import handover, worker_kind
-from tests.datasets import DiesInAProcess, HangsInAProcess, MapDS
+from tests.datasets import FaultInAProcess, MapDS
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
@@ -35,7 +35,7 @@ def _processes_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_process_that_hangs_after_the_hand_over_is_reported_as_a_process(
     tmp_path: Path,
 ) -> None:
-    ds = HangsInAProcess(64, str(tmp_path), hang_at=0)
+    ds = FaultInAProcess(64, str(tmp_path), "hang")
     loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto",
                            hang_timeout=5.0)  # fmt: skip
     with pytest.raises(sl.WorkerHangError) as caught:
@@ -50,7 +50,7 @@ def test_a_process_that_hangs_after_the_hand_over_is_reported_as_a_process(
 def test_a_process_killed_after_the_hand_over_is_diagnosed_as_a_process(
     tmp_path: Path,
 ) -> None:
-    ds = DiesInAProcess(64, str(tmp_path))
+    ds = FaultInAProcess(64, str(tmp_path), "sigkill")
     loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto",
                            max_restarts=0)  # fmt: skip
     with pytest.raises(sl.WorkerDiedError) as caught:
