@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Developer entry point: `python3 dev.py demo` or `python3 dev.py test [pytest args]`.
 
+`python3 dev.py test` alone runs the whole suite on two pytest processes (pytest-xdist);
+with pytest arguments it runs what they select, in one process unless they say `-n N`.
+
 Creates (or reuses) ./.venv, installs the pinned requirements and steadyload itself
 (editable) when they changed, then runs the demo or the test suite. Needs only python3.
 """
@@ -48,7 +51,10 @@ def main(argv: list[str]) -> int:
     if argv[0] == "demo":
         cmd = [str(PY), str(ROOT / "examples" / "lora_vlm" / "demo.py"), *argv[1:]]
     else:
-        cmd = [str(PY), "-m", "pytest", *argv[1:]]
+        # The whole suite on two pytest processes (pytest-xdist): most tests wait on worker
+        # processes, imports and subprocess jobs, so two in parallel keep the cores busy.
+        # With arguments (a file, -k, -n 0) pytest runs as asked.
+        cmd = [str(PY), "-m", "pytest", *(argv[1:] or ["-n", "2"])]
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 
 

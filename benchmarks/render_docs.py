@@ -429,6 +429,36 @@ def short_epoch(data: dict[str, Any]) -> Section:
     return lines, []
 
 
+def auto_choice(data: dict[str, Any]) -> Section:
+    names = {"jpeg": "JPEG decode + resize", "big": "19 MB batches",
+             "py-op-0.2": "0.2 ms Python, then a torch op",
+             "py-op-0.45": "0.45 ms Python, then a torch op",
+             "py-op-1": "1 ms Python, then a torch op", "python-2": "2 ms pure Python"}
+    rows = []
+    for workload, s in data["summary"].items():
+        faster = {"either": "either (within 10%)", "thread": "threads",
+                  "process": "processes"}[s["faster"]]
+        rows.append([names.get(workload, workload), _rate(s["thread"]), _rate(s["process"]),
+                     faster, f"{s['chose_thread']} / {s['chose_process']}",
+                     f"{s['right']} of {s['runs']}"])
+    hog = data.get("hog")
+    lines = [
+        "## What auto chooses, run after run" + (", on a busy machine" if hog else ""),
+        "",
+        "Each run a fresh process: `worker_type=\"auto\"`'s choice, against the rates of fixed",
+        f"thread and process workers (2 workers, batch {data['batch']}, persistent workers,",
+        "the second epoch timed, medians). A choice is right when it is the faster kind, or",
+        "either kind when they are within 10%."
+        + (" A CPU-bound process ran beside every run." if hog else ""),
+        "",
+        *_provenance(data),
+        *_table(["workload", "threads, samples/s", "processes, samples/s", "faster",
+                 "auto chose threads / processes", "right"], rows),
+        *_notes(data),
+    ]
+    return lines, []
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], Section]] = {
     "foundation": foundation,
     "peers": peers,
@@ -438,6 +468,8 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], Section]] = {
     "memory": memory,
     "shared_list": shared_list,
     "short_epoch": short_epoch,
+    "auto_choice": auto_choice,
+    "auto_choice_hog": auto_choice,
 }
 
 HEADER = [

@@ -225,7 +225,8 @@ class FaultInAProcess(HandsOver):
 
 
 class MatMuls(Dataset[Any]):
-    """A 256x256 matmul per sample: torch's C++ ops, the GIL released."""
+    """A 256x256 matmul per sample: torch's C++ ops, the GIL released (seeded by the
+    index, so nothing is drawn from the process-wide generator)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -234,7 +235,7 @@ class MatMuls(Dataset[Any]):
         return self.n
 
     def __getitem__(self, i: int) -> Any:
-        a = torch.randn(256, 256)
+        a = torch.randn(256, 256, generator=torch.Generator().manual_seed(i))
         return (a @ a).sum()
 
 

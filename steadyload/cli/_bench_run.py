@@ -4,7 +4,7 @@ For each worker count, a steadyload loader and torch's with the same arguments: 
 time, steady samples/s, per-worker memory (`measure`); the budget split over them
 (`bench`); and the recommendation with its reasons (`recommend`). No UI here: `bench.py`
 renders `BenchResult` (rich, matplotlib). The per-sample probe and the memory/CPU bounds
-are `steadyload.tuning`'s, shared with ``num_workers="auto"``.
+are `steadyload.worker_count`'s, shared with ``num_workers="auto"``.
 """
 
 from __future__ import annotations

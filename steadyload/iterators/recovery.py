@@ -215,11 +215,16 @@ class Recovery:
         if budget:
             self._table.restarts += 1
         rerun = [(tid, t) for tid, t in held if not t.has_outcome]
-        _LOG.info(
-            "%s\nsteadyload started a replacement worker %d%s; the %d batch%s it held %s "
-            "re-run in order.",
-            log if log is not None else f"worker {worker_id} (pid {died.pid}) {cause}.",
-            worker_id,
+        if log is not None:  # the full diagnosis (evidence, likely cause, fix)
+            _LOG.info("%s", log)
+        # One line at WARNING: Python's default logging shows it, so a healed death is
+        # never silent (the report keeps it too).
+        what = f"was {cause}" if cause.startswith("killed") else cause
+        _LOG.warning(
+            "worker %d (pid %s) %s%s: steadyload started a replacement worker %d%s; the %d "
+            "batch%s it held %s re-run in order.",
+            worker_id, died.pid, what,
+            f" while loading sample {sample!r}" if sample is not None else "", worker_id,
             f" (restart {self._table.restarts} of {self._opts.max_restarts} this epoch)"
             if budget else "",
             len(rerun), "" if len(rerun) == 1 else "es", "is" if len(rerun) == 1 else "are",
@@ -284,11 +289,13 @@ class Recovery:
             self._record.preload = preload
         name = diagnosis.signal_name(died.exitcode)
         cause = f"the {died.method} died ({name or f'exit status {died.exitcode}'})"
-        _LOG.info(
-            "%s\nsteadyload started a new %s and %d replacement worker(s) (restart %d of %d "
-            "this epoch); the %d batch(es) they held are re-run in order.",
-            error(""), died.method, len(workers), table.restarts,
-            self._opts.max_restarts, batches,
+        _LOG.info("%s", error(""))
+        _LOG.warning(
+            "the %s (pid %s) died (%s) with %d workers: steadyload started a new %s and %d "
+            "replacement worker(s) (restart %d of %d this epoch); the %d batch(es) they held "
+            "are re-run in order.", died.method, died.pid, name or f"exit status {died.exitcode}",
+            len(workers), died.method, len(workers), table.restarts, self._opts.max_restarts,
+            batches,
         )
         self._record.restarts.append(RestartReport(-1, died.pid, cause, None, batches))
         for w in workers:

@@ -16,7 +16,7 @@ import itertools
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -153,8 +153,10 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         their pid and exit code after the workers stopped."""
         return list(self._views)
 
-    def __del__(self) -> None:
-        if sys.is_finalizing():  # globals are gone; process workers have their own finalizer
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+        # Bound at definition: at exit this module's globals (``sys`` too) may be None by
+        # the time a loader kept in a global is collected.
+        if _finalizing():  # workers have their own finalizers (atexit, process reapers)
             return
         if getattr(self, "_pool", None) is not None or getattr(self, "_attached", False):
             self._shutdown_workers()  # (__init__ may have failed half-way)

@@ -164,10 +164,10 @@ class HandoverPool:
             chose("process", "the dataset draws from the process-wide random generators, "
                              "which thread workers share")
             if draws_globally
-            else live_choice(measured, self._num_workers, (probe.probes, probe.waited_s))
+            else live_choice(measured, self._num_workers, probe.figures())
         )  # fmt: skip
         if choice is None:
-            if self._warm and leans_to_processes(measured, (probe.probes, probe.waited_s)):
+            if self._warm and leans_to_processes(measured, probe.figures()):
                 self._warm = False
                 self._warm_up()
             return

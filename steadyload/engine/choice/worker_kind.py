@@ -2,32 +2,41 @@
 
 Threads win where the work releases the GIL (image decode, numpy, tokenizers in Rust, big
 tensor copies, I/O): no start-up, no transport, one copy of every resource. Processes win
-where it holds the GIL (pure-Python transforms): threads would take turns. Which one a
-dataset is cannot be read from its code, so "auto" starts thread workers at once (the first
-batch in milliseconds) and measures how busy they keep the GIL, directly: a probe thread
-sleeps a millisecond at a time and times how late it wakes. Waking needs the GIL back; a
-free GIL is taken at once (tens of microseconds), a busy one only when its holder lets go
-(CPython asks it to after the switch interval, 5 ms). So the probe's mean delay, as a share
-of the switch interval, is how much a thread that wants the GIL waits for it. A busy GIL
-(threads that hold it, or the training loop itself competing with them) means the threads
-take turns: the loader starts process workers and hands the next batches over to them
-(handover.py). Otherwise threads are kept: they cost less (no start-up, no transport,
-one copy of the dataset) for the same speed.
+where it holds the GIL (Python transforms): threads would take turns. Which one a dataset
+is cannot be read from its code, so "auto" starts thread workers at once (the first batch
+in milliseconds) and measures how busy they keep the GIL, directly: a probe thread sleeps
+a millisecond at a time and times how late it wakes. Waking needs the GIL back: a free GIL
+is taken at once (the timer's slack and a wake-up: tens of microseconds), a held one only
+when its holder lets go, at its next torch call or I/O, or when CPython makes it (after the
+switch interval, 5 ms). The share of probes that wait longer than `HELD_WAIT_S` is how
+often a thread that wants the GIL finds it held: when that is most of the time
+(`BUSY_SHARE`), the threads take turns at it, and the loader starts process workers and
+hands the next batches over to them (handover.py). Otherwise threads are kept: they cost
+less (no start-up, no transport, one copy of the dataset) for the same speed.
 
-Why not their CPU share (CPU time over wall time, times the threads), tried first: it reads
-a machine busy with other processes, or memory-bound copies, as waiting, and GIL-holding
-Python overlapped GIL-free decode on it; the probe's delays stay apart.
+Why the share of held probes and not their mean delay, used first: Python that lets go of
+the GIL every half millisecond (a torch call after each sample's Python) keeps it held
+nearly all the time, so threads take turns (processes loaded twice as fast), yet each
+probe waits only for the current stretch to end: the mean delay of such work overlapped
+that of GIL-free decode, and the choice flipped run to run. Why not the threads' CPU share
+(CPU time over wall time, times the threads), tried before: it reads a machine busy with
+other processes, or memory-bound copies, as waiting. A probe that waits for a CPU (every
+core busy) is not waiting for the GIL either: that wait is taken out (`GilProbe`).
 
 Cheap samples are the exception the probe cannot see: a sample of a few microseconds (16
 floats and a label) is interpreter work in short stretches, and every torch call hands
-the GIL over, so the probe finds it free at once while the threads still take turns at it
-(two such thread workers loaded fewer samples per second than one thread alone). So when
-the threads' samples cost less than `CHEAP_SAMPLE_S` each, processes are chosen too,
-provided a batch costs the threads at least `MIN_PROCESS_BATCH_S` (a process worker's
-batch has a cost of its own to receive).
+the GIL over, so the probe finds it free or held by chance while the threads still take
+turns at it (two such thread workers loaded fewer samples per second than one thread
+alone). So when the threads' samples cost less than `CHEAP_SAMPLE_S` each, the choice is
+by the batch's cost alone: processes when a batch costs the threads at least
+`MIN_PROCESS_BATCH_S` (a process worker's batch has a cost of its own to receive).
+
+Near the line the choice waits for more probes (`NEAR_LINE`, up to `MAX_PROBES`): the
+same work should get the same choice run after run.
 
 Every constant below is a line drawn between measured figures; the figures are in
-docs/design/figures.md#auto, and the rule is tested with injected measurements
+docs/design/figures.md#auto, the choices measured run after run in
+benchmarks/bench_auto_choice.py, and the rule is tested with injected measurements
 (tests/unit/test_worker_kind.py).
 
 Some loaders are never started on threads: a stream (its position lives in the replica
@@ -40,6 +49,7 @@ the training process).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -48,19 +58,25 @@ from typing import Any
 
 _LOG = logging.getLogger(__name__)
 
-BUSY_SHARE = 0.2
-"""The probe's mean delay, as a share of the switch interval, from which the GIL is busy
-(between GIL-free work and pure Python as measured)."""
+HELD_WAIT_S = 150e-6
+"""A probe's wait for the GIL (past its sleep, net of any wait for a CPU) from which the GIL
+was held by another thread: a free one costs the timer's slack (50 us on Linux) and a
+wake-up."""
+BUSY_SHARE = 0.35
+"""The share of probes that found the GIL held from which threads take turns at it
+(between GIL-free work and Python that lets go of the GIL every sample, as measured)."""
+NEAR_LINE = 0.1  # a share this close to BUSY_SHARE waits for more probes ...
+MAX_PROBES = 200  # ... up to this many
 PROBE_SLEEP_S = 0.001
 CHEAP_SAMPLE_S = 50e-6
-"""A thread's cost per sample below which processes load faster though the GIL looks free
-(between tiny samples and every other workload as measured)."""
+"""A thread's cost per sample below which the probe cannot tell (see above) and the
+batch's cost decides (between tiny samples and every other workload as measured)."""
 MIN_PROCESS_BATCH_S = 0.5e-3
 """The cost of a batch to the threads from which cheap samples go to processes: a process
 worker's batch has a cost of its own to the main process (receive, rebuild, bookkeeping),
 so below this threads stay ahead."""
-MIN_PROBES = 30
-LEAN_PROBES = 5  # probes that may already lean to processes (the fork server starts then)
+MIN_PROBES = 50
+LEAN_PROBES = 10  # probes that may already lean to processes (the fork server starts then)
 MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding
 MIN_WALL_S = 0.2  # and this much loading time, summed over the threads: a pause of this
 # process (a busy machine, a garbage collection) must not decide it
@@ -88,15 +104,42 @@ def gil_enabled() -> bool:
     return bool(check()) if check is not None else True
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeFigures:
+    """The GIL probe's counts."""
+
+    probes: int
+    held: int
+    """Probes that found the GIL held by another thread (waited over `HELD_WAIT_S`)."""
+    waited_s: float
+    """Their total wait. [Unit: second]"""
+
+    @property
+    def held_share(self) -> float:
+        """The share of probes that found the GIL held."""
+        return self.held / max(self.probes, 1)
+
+
 class GilProbe:
-    """A thread that measures how long a thread wanting the GIL waits for it (see above)."""
+    """A thread that measures how long a thread wanting the GIL waits for it (see above).
+
+    A probe also wakes late when every CPU is busy (GIL-free decode on all cores, another
+    job beside the loader): that is the machine's contention, not the GIL's, and it would
+    read GIL-free work as GIL-bound on a busy machine. Where Linux tells (the thread's
+    run-queue wait in ``/proc/thread-self/schedstat``), each probe's time spent waiting for
+    a CPU is taken out, so what remains is its wait for the GIL.
+    """
 
     def __init__(self) -> None:
         self._stop = threading.Event()
         self.counting = False  # set once the workers are past their set-up
-        self.probes, self.waited_s = 0, 0.0
+        self.probes, self.held, self.waited_s = 0, 0, 0.0
         self._thread = threading.Thread(target=self._run, name="steadyload-gil-probe",
                                         daemon=True)  # fmt: skip
+
+    def figures(self) -> ProbeFigures:
+        """What the probe has counted so far."""
+        return ProbeFigures(self.probes, self.held, self.waited_s)
 
     def start(self) -> None:
         """Start probing (not counting yet)."""
@@ -110,13 +153,49 @@ class GilProbe:
 
     def _run(self) -> None:
         clock, sleep = time.perf_counter, time.sleep
-        while not self._stop.is_set():
-            began = clock()
-            sleep(PROBE_SLEEP_S)
-            late = clock() - began - PROBE_SLEEP_S
-            if self.counting:  # two int/float updates: only this thread writes them
-                self.probes += 1
-                self.waited_s += max(late, 0.0)
+        queued = _run_queue_clock()
+        try:
+            while not self._stop.is_set():
+                began, queued_before = clock(), queued()
+                sleep(PROBE_SLEEP_S)
+                late = clock() - began - PROBE_SLEEP_S - (queued() - queued_before)
+                if self.counting:  # plain updates: only this thread writes them
+                    self.probes += 1
+                    self.held += late > HELD_WAIT_S
+                    self.waited_s += max(late, 0.0)
+        finally:
+            queued.close()
+
+
+class _RunQueueClock:
+    """This thread's total wait for a CPU so far (Linux schedstat); where unknown it stands
+    still, so nothing is taken out. [Unit: second]"""
+
+    def __init__(self, fd: int | None) -> None:
+        self._fd = fd
+        self._last = 0.0
+
+    def __call__(self) -> float:
+        if self._fd is not None:
+            try:
+                self._last = int(os.pread(self._fd, 64, 0).split()[1]) * 1e-9
+            except (OSError, IndexError, ValueError):
+                self.close()
+        return self._last
+
+    def close(self) -> None:
+        """Close the schedstat file."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _run_queue_clock() -> _RunQueueClock:
+    """The calling thread's run-queue clock (a `_RunQueueClock`; it reads 0 off Linux)."""
+    try:
+        return _RunQueueClock(os.open("/proc/thread-self/schedstat", os.O_RDONLY))
+    except OSError:
+        return _RunQueueClock(None)
 
 
 def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | None:
@@ -141,45 +220,48 @@ def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | 
     return None
 
 
-def leans_to_processes(measured: tuple[int, int, float], probe: tuple[int, float]) -> bool:
+def leans_to_processes(measured: tuple[int, int, float], probe: ProbeFigures) -> bool:
     """Whether the first figures, too few to decide, already point to processes: then the
     fork server is started (a cold one imports torch for seconds), so that the processes,
     if chosen, start at once; GIL-free work never pays for one."""
     tasks, samples, wall = measured
-    probes, waited = probe
-    if probes >= LEAN_PROBES and waited / probes >= BUSY_SHARE * sys.getswitchinterval():
-        return True
-    cheap = wall / max(samples, 1) < CHEAP_SAMPLE_S
-    return tasks > 0 and cheap and wall / tasks >= MIN_PROCESS_BATCH_S
+    if tasks > 0 and wall / max(samples, 1) < CHEAP_SAMPLE_S:
+        return wall / tasks >= MIN_PROCESS_BATCH_S
+    return probe.probes >= LEAN_PROBES and probe.held_share >= BUSY_SHARE
 
 
 def live_choice(measured: tuple[int, int, float], workers: int,
-                probe: tuple[int, float]) -> WorkerChoice | None:  # fmt: skip
+                probe: ProbeFigures) -> WorkerChoice | None:  # fmt: skip
     """Decide from the thread workers' ``(tasks, samples, wall s)`` and the probe's
-    ``(probes, waited s)``; None: not enough yet."""
+    figures; None: not enough yet."""
     tasks, samples, wall = measured
-    probes, waited = probe
-    if tasks < MIN_TASKS_PER_WORKER * workers or wall < MIN_WALL_S or probes < MIN_PROBES:
+    if tasks < MIN_TASKS_PER_WORKER * workers or wall < MIN_WALL_S:
         return None
-    wait, interval = waited / probes, sys.getswitchinterval()
-    figures = (
-        f"while {workers} thread workers loaded {tasks} batches, a thread wanting the GIL "
-        f"waited {wait * 1e3:.2f} ms for it on average ({wait / interval:.0%} of the "
-        f"{interval * 1e3:g} ms switch interval, {probes} probes)"
-    )
-    if wait >= BUSY_SHARE * interval:
-        return chose("process", f"{figures}: the GIL was busy, so threads take turns "
-                                "(the work holds it)")
     per_sample, per_batch = wall / max(samples, 1), wall / tasks
     if per_sample < CHEAP_SAMPLE_S:
+        loaded = (f"while {workers} thread workers loaded {tasks} batches, a sample took "
+                  f"{per_sample * 1e6:.0f} us")
         if per_batch >= MIN_PROCESS_BATCH_S:
-            return chose("process", f"{figures}, but a sample took {per_sample * 1e6:.0f} us: "
-                                    "samples this cheap are mostly interpreter work, which "
-                                    "threads take turns at (they hand the GIL over at every "
-                                    f"torch call), and a batch ({per_batch * 1e3:.1f} ms) is "
-                                    "worth sending, so processes load faster")
-        return chose("thread", f"{figures}; a sample took {per_sample * 1e6:.0f} us, but a "
-                               f"batch only {per_batch * 1e6:.0f} us, less than a process "
-                               "worker's batch costs to receive, so threads stay ahead")
+            return chose("process", f"{loaded}: samples this cheap are mostly interpreter "
+                                    "work, which threads take turns at (they hand the GIL "
+                                    "over at every torch call), and a batch "
+                                    f"({per_batch * 1e3:.1f} ms) is worth sending, so "
+                                    "processes load faster")
+        return chose("thread", f"{loaded}, but a batch only {per_batch * 1e6:.0f} us, less "
+                               "than a process worker's batch costs to receive, so threads "
+                               "stay ahead")
+    share = probe.held_share
+    near = abs(share - BUSY_SHARE) < NEAR_LINE
+    if probe.probes < MIN_PROBES or (near and probe.probes < MAX_PROBES):
+        return None
+    wait = probe.waited_s / max(probe.probes, 1)
+    figures = (
+        f"while {workers} thread workers loaded {tasks} batches, a thread wanting the GIL "
+        f"found it held by another in {share:.0%} of {probe.probes} probes (it waited "
+        f"{wait * 1e3:.2f} ms on average)"
+    )
+    if share >= BUSY_SHARE:
+        return chose("process", f"{figures}: the GIL was busy, so threads take turns "
+                                "(the work holds it)")
     return chose("thread", f"{figures}: the GIL was mostly free, so threads load in parallel "
                            "(the work releases it or waits)")
