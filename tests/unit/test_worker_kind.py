@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -52,6 +53,19 @@ def test_the_probe_tells_a_busy_gil_from_a_free_one() -> None:
     # free one is depends on the machine's load, so only its order is asserted (the line
     # between them is the rule's, tested with injected figures below).
     assert worker_kind.BUSY_SHARE <= busy and free < busy / 2, (free, busy)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="schedstat is Linux's")
+def test_the_run_queue_clock_reads_this_threads_wait_for_a_cpu() -> None:
+    clock = worker_kind._run_queue_clock()
+    first = clock()
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:  # run, and be preempted now and then
+        pass
+    second = clock()
+    assert 0.0 <= first <= second < 1.0, (first, second)  # seconds, never backwards
+    clock.close()
+    assert clock() == second  # closed (or unreadable): it stands still, nothing taken out
 
 
 def _probe(probes: int, share: float, wait_s: float = 0.001) -> ProbeFigures:

@@ -121,7 +121,7 @@ class ProbeFigures:
 
 
 class GilProbe:
-    """A thread that measures how long a thread wanting the GIL waits for it (see above).
+    """A thread that measures how often a thread wanting the GIL finds it held (see above).
 
     A probe also wakes late when every CPU is busy (GIL-free decode on all cores, another
     job beside the loader): that is the machine's contention, not the GIL's, and it would
@@ -191,7 +191,8 @@ class _RunQueueClock:
 
 
 def _run_queue_clock() -> _RunQueueClock:
-    """The calling thread's run-queue clock (a `_RunQueueClock`; it reads 0 off Linux)."""
+    """The calling thread's run-queue clock (a `_RunQueueClock`; it stands still off
+    Linux)."""
     try:
         return _RunQueueClock(os.open("/proc/thread-self/schedstat", os.O_RDONLY))
     except OSError:
