@@ -218,9 +218,11 @@ class Recovery:
         if log is not None:  # the full diagnosis (evidence, likely cause, fix)
             _LOG.info("%s", log)
         # One line at WARNING: Python's default logging shows it, so a healed death is
-        # never silent (the report keeps it too).
+        # never silent (the report keeps it too). A worker retired at max_worker_memory was
+        # asked for: INFO.
         what = f"was {cause}" if cause.startswith("killed") else cause
-        _LOG.warning(
+        _LOG.log(
+            logging.WARNING if budget else logging.INFO,
             "worker %d (pid %s) %s%s: steadyload started a replacement worker %d%s; the %d "
             "batch%s it held %s re-run in order.",
             worker_id, died.pid, what,
