@@ -57,7 +57,7 @@ def test_the_probe_tells_a_busy_gil_from_a_free_one() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="schedstat is Linux's")
 def test_the_run_queue_clock_reads_this_threads_wait_for_a_cpu() -> None:
-    clock = worker_kind._run_queue_clock()
+    clock = worker_kind._RunQueueClock()
     try:
         first = clock()
         deadline = time.monotonic() + 0.2

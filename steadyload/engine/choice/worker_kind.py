@@ -153,7 +153,7 @@ class GilProbe:
 
     def _run(self) -> None:
         clock, sleep = time.perf_counter, time.sleep
-        queued = _run_queue_clock()
+        queued = _RunQueueClock()
         try:
             while not self._stop.is_set():
                 began, queued_before = clock(), queued()
@@ -171,9 +171,13 @@ class _RunQueueClock:
     """This thread's total wait for a CPU so far (Linux schedstat); where unknown it stands
     still, so nothing is taken out. [Unit: second]"""
 
-    def __init__(self, fd: int | None) -> None:
-        self._fd = fd
+    def __init__(self) -> None:
         self._last = 0.0
+        self._fd: int | None = None
+        try:
+            self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:  # not Linux (or before 3.17): it stands still
+            pass
 
     def __call__(self) -> float:
         if self._fd is not None:
@@ -188,15 +192,6 @@ class _RunQueueClock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _run_queue_clock() -> _RunQueueClock:
-    """The calling thread's run-queue clock (a `_RunQueueClock`; it stands still off
-    Linux)."""
-    try:
-        return _RunQueueClock(os.open("/proc/thread-self/schedstat", os.O_RDONLY))
-    except OSError:
-        return _RunQueueClock(None)
 
 
 def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | None:
