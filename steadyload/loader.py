@@ -20,10 +20,11 @@ from .checkpoint import Checkpoints, Mark
 from .engine.choice.worker_kind import WorkerChoice, static_choice
 from .engine.factory import THREADS, PoolPlan
 from .iterators.in_process import InProcessIterator
+from .iterators.record import History, RunRecord, not_started
 from .iterators.workers import WorkerIterator
 from .options import OPTION_NAMES, LoaderOptions, options_of
 from .rebuild_watch import caller_frame, note_read
-from .report import LoaderReport, RunRecord
+from .report import LoaderReport
 from .start.context import StartInfo, resolve_context, warms_in_background
 from .worker_count import AutoChoice, resolve_num_workers
 
@@ -73,8 +74,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             rides through rare kills (an OOM spike, a watchdog) without losing the epoch,
             while a systematic fault (every new worker dies) still stops within seconds
             with the diagnosis. 0 turns recovery off. A sample that kills a worker twice
-            is never tried a third time (see ``on_error``). IterableDataset streams cannot
-            be replayed: a death there always raises.
+            is never tried a third time (see ``on_error``). An IterableDataset with
+            ``state_dict()``/``load_state_dict()`` is resumed by the replacement where the
+            dead worker's last batch ended; any other stream cannot be replayed, and a
+            death there raises.
         on_error: "raise" (default): an exception in ``__getitem__`` reaches you as its
             own type, with the sample index noted. "skip": the sample is left out of its
             batch, logged, and listed by `report()`; samples that kill a worker twice are
@@ -83,7 +86,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             failed is yielded empty (``collate_fn([])`` if that works, else the other
             batches' structure with zero-length tensors). A dataset with ``__getitems__``
             keeps its batched path; only a batch whose ``__getitems__`` raised is loaded
-            again sample by sample, to leave out just the failing ones.
+            again sample by sample, to leave out just the failing ones. On a stream, an
+            item that raised inside its generator ends that generator: a stream with
+            ``state_dict()`` is restarted after the item; any other loses the rest of
+            that worker's share, said at WARNING and in `report()` (``streams_cut``).
         hang_timeout: seconds a batch may take in a worker (default None: no limit). On
             expiry the worker's stack (all threads) is logged, the worker is killed and the
             batch retried on a fresh worker; a second hang of the same batch raises
@@ -184,6 +190,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._start: tuple[multiprocessing.context.BaseContext, StartInfo] | None = None
         self._worker_choice: WorkerChoice | None = None  # worker_type="auto", once measured
         self._last_run: RunRecord | None = None
+        self._history = History()  # every epoch's report, for report(all_epochs=True)
         self._checkpoints = Checkpoints()  # epoch number and resume state (checkpoint.py)
         self._report_every: tuple[float, Callable[[LoaderReport], None]] | None = None
         if (
@@ -256,9 +263,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             super().check_worker_number_rationality()
 
     def _carry_on_from(self, other: DataLoader[Any]) -> None:
-        """Go on with ``other``'s run, for a twin that replaces it: its report settings, the
-        "auto" choice, its epoch count and a loaded state not yet used (integrations)."""
+        """Go on with ``other``'s run, for a twin that replaces it: its reports and history,
+        the "auto" choice, its epoch count and a loaded state not yet used (integrations)."""
         self._report_every, self._auto = other._report_every, other._auto
+        self._history = other._history
         self._worker_choice = other._worker_choice
         self._checkpoints = other._checkpoints.for_twin()
 
@@ -313,12 +321,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         )
         iterator: InProcessIterator | WorkerIterator
         if self.num_workers == 0:
-            iterator = InProcessIterator(self, self._options, self._checkpoints)
+            iterator = InProcessIterator(self, self._options, self._checkpoints, self._history)
         else:
             plan = self._pool_plan()
             if plan.kind == "process":  # "auto" may have chosen threads
                 self.check_worker_number_rationality()
-            iterator = WorkerIterator(self, self._options, plan, self._checkpoints)
+            iterator = WorkerIterator(self, self._options, plan, self._checkpoints, self._history)
         if global_rng is not None:
             torch.set_rng_state(global_rng)
         self._last_run = iterator.record
@@ -373,25 +381,17 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             live._shutdown_workers()
             self._iterator = None
 
-    def report(self) -> LoaderReport:
-        """What the latest run did: how its workers started (start method, preloads), each
-        worker's samples, speed, busy share and memory, restarts, skipped samples, and the
-        data-stall share (see `LoaderReport`).
+    def report(self, all_epochs: bool = False) -> LoaderReport:
+        """What the latest epoch did: how its workers started (start method, preloads), each
+        worker's samples, speed, busy share and memory, restarts, skipped samples, streams
+        cut short, and the data-stall share (see `LoaderReport`). With ``all_epochs=True``,
+        every epoch this loader ran (with or without persistent workers), each restart and
+        skip marked with its epoch: what to look at after training.
 
         Cheap; safe to call at any time, also while iterating or after the run.
         """
-        choice = self._auto.reason if self._auto is not None else None
-        if self._last_run is not None:
-            return self._last_run.to_report()
         info = self._start[1] if self._start is not None else None
-        return LoaderReport(
-            worker_kind="process" if info else "in-process",
-            start_method=info.method if info else None,
-            preload_requested=info.preload if info else (),
-            preload_missing=None,
-            workers=(),
-            num_workers_choice=choice,
-        )
+        return self._history.report(all_epochs) or not_started(info, self._auto)
 
 
 # Public names report the package they are imported from (see steadyload/__init__.py).

@@ -86,14 +86,33 @@ def _path_and_fix(frame: FrameType) -> tuple[str, str] | None:
 
 
 def note_read(loader: Any, frame: FrameType | None) -> None:
-    """``loader.timeout`` was read by ``frame``: warn once if a framework is rebuilding it."""
-    if frame is None or _ADOPTING.get() or loader.__dict__.get(_WARNED):
+    """``loader.timeout`` was read by ``frame``: warn once if a framework is rebuilding it.
+
+    Raises:
+        RuntimeError: accelerate's ``skip_first_batches`` is rebuilding a loader that holds a
+            loaded state: both the skipped epoch and the next would get the wrong batches.
+    """
+    if frame is None or _ADOPTING.get():
         return
     module = str(frame.f_globals.get("__name__", ""))
     if module.startswith(("torch.", "steadyload.")):
         return  # torch's own iterators, steadyload's from_loader
     found = _path_and_fix(frame)
     if found is None:
+        return
+    if _function(frame) == "skip_first_batches" and _has_loaded_state(loader):
+        raise RuntimeError(
+            f"steadyload: {found[0]} was given a steadyload.DataLoader holding a loaded state "
+            "(load_state or load_state_dict), which it would rebuild as torch's DataLoader.\n"
+            "Why: torch's loader cannot continue that state: it would run the resumed epoch "
+            "on torch's workers in an order of its own, and the state would then start this "
+            "loader's next epoch inside the old one.\n"
+            "Fix: use `steadyload.integrations.accelerate.skip_first_batches(loader, n)` "
+            "(or `accelerator.skip_first_batches` of an accelerator prepared with "
+            "`steadyload.integrations.accelerate.prepare`): it keeps the loader, and a loaded "
+            "state that starts the epoch at n leaves nothing to skip."
+        )
+    if loader.__dict__.get(_WARNED):
         return
     loader.__dict__[_WARNED] = True
     path, fix = found
@@ -106,6 +125,11 @@ def note_read(loader: Any, frame: FrameType | None) -> None:
         UserWarning,
         stacklevel=3,
     )
+
+
+def _has_loaded_state(loader: Any) -> bool:
+    """A state was loaded into ``loader`` and waits for its next epoch."""
+    return getattr(getattr(loader, "_checkpoints", None), "pending", None) is not None
 
 
 def caller_frame() -> FrameType | None:

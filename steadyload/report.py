@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import time
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -60,6 +58,8 @@ class RestartReport:
     sample: object
     """The sample it was loading, when known."""
     batches_rerun: int
+    epoch: int = 0
+    """The epoch it happened in (the loader's count, from 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +67,46 @@ class SkippedSample:
     """A sample left out of its batch (``on_error="skip"``)."""
 
     index: object
-    """The dataset index (for a stream: "stream item N")."""
+    """The dataset index; for a stream, "worker W, its item N" (the worker's own count, from 0)."""
     error_type: str
     message: str
+    epoch: int = 0
+    """The epoch it happened in (the loader's count, from 0)."""
+
+
+def _stream_owner(worker_id: int) -> str:
+    return "the main process's" if worker_id < 0 else f"worker {worker_id}'s"
+
+
+def describe_cut(cut: StreamCut) -> str:
+    """A cut stream, what it cost and how to keep going, for the log (one paragraph)."""
+    return (
+        f"{_stream_owner(cut.worker_id)} stream ended at its item {cut.item}, which raised "
+        f"{cut.error_type}: {cut.message} ({cut.reason}): it had yielded {cut.yielded} items "
+        "and the rest of its share of the epoch is lost; on_error='skip' leaves out the item, "
+        "not what came after it. To keep going past bad items, catch them inside the stream "
+        "(webdataset: handler=wds.warn_and_continue; HF datasets: in the map function), or "
+        "give the dataset state_dict()/load_state_dict() whose state counts the bad item as "
+        "read (HF's IterableDataset.map does): steadyload then restarts the stream after it."
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCut:
+    """A worker's stream that ended early: an item raised (``on_error="skip"``) inside a
+    generator, and a Python generator that raised cannot go on, so the rest of that worker's
+    share of the stream was lost for the epoch."""
+
+    worker_id: int
+    item: int
+    """The item that raised, in the worker's own count (from 0)."""
+    yielded: int
+    """Items the worker's stream yielded before it ended."""
+    error_type: str
+    message: str
+    reason: str = ""
+    """Why the stream could not go on past the item."""
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +121,18 @@ class LoaderReport:
         preload_requested: modules steadyload asked the fork server to import.
         preload_missing: those the fork server did not import (CPython skips a failing
             preload silently); None when unknown (the server was started by someone else).
-        workers: one entry per worker of the latest run.
-        restarts: workers replaced during the latest run, oldest first.
-        skipped: samples left out during the latest run (``on_error="skip"``).
+        epoch: the epoch this report describes (the loader's count, from 0); with
+            ``all_epochs=True``, the latest of them.
+        epochs: how many epochs it covers: 1, or with ``all_epochs=True`` every epoch the
+            loader (and the loaders a framework rebuilt from it) ran.
+        workers: one entry per worker of the latest epoch (with ``all_epochs=True``,
+            ``samples`` counts every epoch; speed, busy share and memory are the latest's).
+        restarts: workers replaced, oldest first, each with its epoch.
+        skipped: samples left out (``on_error="skip"``), each with its epoch.
+        streams_cut: workers' streams that ended at a bad item, losing the rest of their
+            share of the epoch (a generator that raised cannot go on).
+        rows_lost: rows those cut streams did not deliver, when ``len(dataset)`` tells
+            (None: no stream was cut, or the total is unknown).
         num_workers_choice: with ``num_workers="auto"``, what was chosen and why.
         worker_type_choice: with ``worker_type="auto"``, threads or processes, and the
             figures that decided it.
@@ -111,10 +157,18 @@ class LoaderReport:
     wait_s: float = 0.0
     loop_s: float = 0.0
     data_stall_share: float | None = None
+    epoch: int = 0
+    epochs: int = 1
+    streams_cut: tuple[StreamCut, ...] = ()
+    rows_lost: int | None = None
 
     def __str__(self) -> str:
         how = f", start method {self.start_method}" if self.start_method else ""
-        lines = [f"steadyload loader report: {self.worker_kind} workers{how}"]
+        span = (
+            f"epoch {self.epoch}" if self.epochs == 1
+            else f"{self.epochs} epochs, to epoch {self.epoch}"
+        )
+        lines = [f"steadyload loader report: {self.worker_kind} workers{how}; {span}"]
         if self.data_stall_share is not None:
             lines.append(
                 f"  data stall: {self.data_stall_share:.1%} of the training loop's time "
@@ -157,107 +211,29 @@ class LoaderReport:
                     f"{rate:>9s}  {busy:>4s}  {_mib(w.uss_bytes):>8s}  "
                     f"{_mib(w.pss_bytes):>8s}  {_mib(w.peak_uss_bytes):>8s}  {epochs}"
                 )
+        when = (lambda epoch: f"epoch {epoch}: ") if self.epochs > 1 else (lambda epoch: "")
         for r in self.restarts:
             sample = f" while loading sample {r.sample!r}" if r.sample is not None else ""
             who = "all workers: " if r.worker_id == -1 else f"worker {r.worker_id} "
             lines.append(
-                f"  restart: {who}(pid {r.pid}) {r.cause}{sample}; "
+                f"  restart: {when(r.epoch)}{who}(pid {r.pid}) {r.cause}{sample}; "
                 f"{r.batches_rerun} batch(es) re-run"
             )
         if self.skipped:
             lines.append(f"  skipped samples: {len(self.skipped)}")
             for k in self.skipped[:20]:
-                lines.append(f"    {k.index!r}: {k.error_type}: {k.message}")
+                lines.append(f"    {when(k.epoch)}{k.index!r}: {k.error_type}: {k.message}")
             if len(self.skipped) > 20:
                 lines.append(f"    ... {len(self.skipped) - 20} more")
+        for c in self.streams_cut:
+            lines.append(
+                f"  stream cut: {when(c.epoch)}{_stream_owner(c.worker_id)} stream ended at its "
+                f"item {c.item} ({c.error_type}: {c.message}; {c.reason}) after {c.yielded} "
+                "items; the rest of its share was lost"
+            )
+        if self.rows_lost is not None:
+            lines.append(f"  rows lost with cut streams: {self.rows_lost}")
         return "\n".join(lines)
-
-
-class RunRecord:
-    """What one iterator records while it runs; outlives it, for `DataLoader.report`."""
-
-    def __init__(self, kind: str, start_method: str | None, preload: tuple[str, ...]) -> None:
-        self.worker_kind = "thread" if kind == "auto" else kind  # auto starts on threads
-        self.start_method = start_method
-        self.preload = preload
-        self.preload_missing: tuple[str, ...] | None = None
-        self.num_workers_choice: str | None = None  # num_workers="auto": what and why
-        self.worker_type_choice: str | None = None  # worker_type="auto": what and why
-        self.auto_kind: str | None = None  # and what it chose: "thread" or "process"
-        self.workers: dict[int, WorkerReport] = {}
-        self.restarts: list[RestartReport] = []
-        self.skipped: list[SkippedSample] = []
-        self.memory: Any = None  # callable -> {worker: (uss, pss, peak, epochs)}, if sampled
-        self.samples: dict[int, int] = {}  # worker -> samples delivered
-        self.busy_s: dict[int, float] = {}  # worker -> seconds spent loading them
-        self.ready_at: dict[int, float] = {}  # worker -> perf_counter() at its Ready
-        self.batches = 0
-        self.wait_s = 0.0
-        self.first_call: float | None = None
-        self.last_return = 0.0
-        self.periodic: tuple[float, Callable[[LoaderReport], None]] | None = None
-        self._last_periodic = time.perf_counter()
-
-    def loaded(self, worker_id: int, samples: int, load_s: float) -> None:
-        """A worker delivered ``samples`` samples it took ``load_s`` seconds to load."""
-        self.samples[worker_id] = self.samples.get(worker_id, 0) + samples
-        self.busy_s[worker_id] = self.busy_s.get(worker_id, 0.0) + load_s
-
-    def waited(self, called: float, returned: float, delivered: bool = True) -> None:
-        """The training loop spent ``called``..``returned`` (perf_counter) in next()."""
-        if self.first_call is None:
-            self.first_call = called
-        self.batches += delivered
-        self.wait_s += returned - called
-        self.last_return = returned
-        periodic = self.periodic
-        if delivered and periodic is not None and returned - self._last_periodic >= periodic[0]:
-            self._last_periodic = returned
-            try:
-                periodic[1](self.to_report())
-            except Exception as exc:  # raising here would lose the batch next() holds
-                warnings.warn(
-                    f"steadyload: the report_every callback raised {type(exc).__name__}: "
-                    f"{exc}. The batch was still yielded and reports go on; fix the callback "
-                    "or turn it off with report_every(loader, None).",
-                    RuntimeWarning, stacklevel=4,
-                )
-
-    def to_report(self) -> LoaderReport:
-        """A frozen snapshot."""
-        memory = self.memory() if self.memory is not None else {}
-        now = time.perf_counter()
-        workers = []
-        for k in sorted(self.workers):
-            w = self.workers[k]
-            if k in memory:
-                uss, pss, peak, epochs = memory[k]
-                w = replace(w, uss_bytes=uss, pss_bytes=pss, peak_uss_bytes=peak,
-                            epoch_uss_bytes=tuple(epochs))  # fmt: skip
-            samples, busy = self.samples.get(k, 0), self.busy_s.get(k, 0.0)
-            life = now - self.ready_at[k] if k in self.ready_at else 0.0
-            w = replace(
-                w, samples=samples,
-                samples_per_s=samples / busy if busy > 0 else None,
-                busy_share=min(1.0, busy / life) if life > 0 else None,
-            )  # fmt: skip
-            workers.append(w)
-        loop_s = self.last_return - self.first_call if self.first_call is not None else 0.0
-        return LoaderReport(
-            worker_kind=self.worker_kind,
-            start_method=self.start_method,
-            preload_requested=self.preload,
-            preload_missing=self.preload_missing,
-            workers=tuple(workers),
-            restarts=tuple(self.restarts),
-            skipped=tuple(self.skipped),
-            num_workers_choice=self.num_workers_choice,
-            worker_type_choice=self.worker_type_choice,
-            batches=self.batches,
-            wait_s=self.wait_s,
-            loop_s=loop_s,
-            data_stall_share=self.wait_s / loop_s if loop_s > 0 else None,
-        )
 
 
 _REPORT_LOG = logging.getLogger("steadyload.report")

@@ -708,3 +708,43 @@ def bench_trivial() -> Dataset[Any]:
 def bench_busy_5ms() -> Dataset[Any]:
     """400 samples of ~5 ms CPU work each."""
     return Busy(400, 0.005)
+
+
+class BadItemStream(IterableDataset[Any]):
+    """A sharded stream of ``n`` rows (row i is ``tensor([i])``) whose rows in ``bad`` raise
+    ValueError. ``state``: "none" (a plain generator), "past" (a state_dict() that counts the
+    bad row as read, as HF's IterableDataset.map does) or "at" (one that still points at it)."""
+
+    def __init__(self, n: int, bad: set[int], state: str = "none") -> None:
+        self.n, self.bad, self.state = n, bad, state
+        self.position = 0  # rows of this worker's shard read
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("state_dict", "load_state_dict") and self.__dict__.get("state") != "none":
+            return getattr(self, "_" + name)
+        raise AttributeError(name)
+
+    def _state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def _load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        mine = list(range(wid, self.n, nw))
+        if self.state == "none":
+            self.position = 0
+        while self.position < len(mine):
+            i = mine[self.position]
+            if self.state != "at":
+                self.position += 1
+            if i in self.bad:
+                raise ValueError(f"row {i} is corrupt")
+            if self.state == "at":
+                self.position += 1
+            yield torch.tensor([i])

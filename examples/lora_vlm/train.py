@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             samples += len(batch["input_ids"])
             peak = max(peak, _memory([w.pid for w in loader.report().workers if w.pid]))
     model.save_pretrained(args.output)  # the LoRA adapter only
-    report = loader.report()
+    report = loader.report(all_epochs=True)  # the whole run, not only its last epoch
     warm = step_times[5:] or step_times
     result = {
         "num_workers": args.num_workers,
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "total_s": time.perf_counter() - started,
         "peak_rss_bytes": peak,
         "samples": samples,
-        "skipped": [{"index": s.index, "error": f"{s.error_type}: {s.message}"}
+        "skipped": [{"index": s.index, "epoch": s.epoch, "error": f"{s.error_type}: {s.message}"}
                     for s in report.skipped],
         "adapter": os.path.abspath(args.output),
         "report": str(report),

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "worker_parents": sorted(parents),
         "fork_server_pid": multiprocessing.forkserver._forkserver._forkserver_pid,
         "pid": os.getpid(),
-        "skipped": [{"index": s.index, "error": f"{s.error_type}: {s.message}"}
+        "skipped": [{"index": s.index, "epoch": s.epoch, "error": f"{s.error_type}: {s.message}"}
                     for s in report.skipped],
         "adapter": os.path.abspath(args.output),
         "report": str(report),

@@ -8,12 +8,15 @@ sample was being loaded, so an exception can name it. Used both in workers and i
 
 from __future__ import annotations
 
+import inspect
+import pickle
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._seeding import StreamItem
 from ..describe import describe_exception, format_indices
-from ..report import SkippedSample
+from ..report import SkippedSample, StreamCut
 from .config import WorkerConfig
 from .status import COLLATING, IDLE, INIT, ITER, POSITION, STAGE, starting
 
@@ -23,6 +26,18 @@ ITERABLE = 1  # the same values as torch.utils.data.dataloader._DatasetKind
 
 class AllSkipped(Exception):
     """Every sample of the batch raised and was skipped (``on_error="skip"``)."""
+
+
+_END = object()  # the stream ended
+_BAD = object()  # the stream's item raised and was skipped
+_STUCK = "its state_dict() still pointed at it, so a restart would read it again"
+
+
+def stream_item_name(worker_id: int | None, number: int) -> str:
+    """How a report names a stream's item: by its worker's own count (streams are per worker)."""
+    if worker_id is None:
+        return f"stream item {number}"
+    return f"worker {worker_id}, its item {number}"
 
 
 class Fetcher:
@@ -39,9 +54,12 @@ class Fetcher:
         skip_errors: bool = False,
         fields: Any = None,
         seeder: Callable[[Any], None] | None = None,
+        worker_id: int | None = None,
+        stateful_stream: bool = False,
     ) -> None:
         self._kind = kind
         self._skip = skip_errors
+        self._worker_id = worker_id
         self._fields = fields  # the worker's status fields (POSITION, STAGE), or None
         self._seeder = seeder  # sample_seeds=True: seeds the RNGs before each sample
         self.skipped: list[SkippedSample] = []
@@ -54,6 +72,13 @@ class Fetcher:
         self._drop_last = drop_last
         self._ended = False
         self._items_read = 0
+        self._yielded = 0
+        self.cut: StreamCut | None = None
+        """Set when the stream ended at an item that raised (``on_error="skip"``)."""
+        self._raised: tuple[int, str, str] | None = None  # the last item read, if it raised
+        self._stuck_state: bytes | None = None  # the state a restart after a bad item used
+        # A stream that saves its position can go on after a bad item (_go_on).
+        self._restartable = skip_errors and kind == ITERABLE and stateful_stream
         # What is being loaded now, formatted only when an error needs it (hot path).
         self._stage = "iter"
         self._current: Any = None
@@ -157,33 +182,89 @@ class Fetcher:
         if self._auto_collation:
             data = []
             for _ in index:
-                if self._seeder is not None:
-                    self._seeder(StreamItem(self._items_read))
-                try:
-                    data.append(next(iterator))
-                except StopIteration:
+                item = self._next_item()
+                if item is _END:
                     self._ended = True
                     break
-                except Exception as exc:
-                    if not self._skip:
-                        raise
-                    # A generator is finished once it raised: the next call ends the stream.
-                    item = f"stream item {self._items_read}"
-                    self.skipped.append(SkippedSample(item, *describe_exception(exc)))
-                self._items_read += 1
-                self._current = self._items_read
+                if item is not _BAD:
+                    data.append(item)
             if not data and self.skipped and not self._ended:
                 raise AllSkipped
             if not data or (self._drop_last and len(data) < len(index)):
                 raise StopIteration
         else:
-            if self._seeder is not None:
-                self._seeder(StreamItem(self._items_read))
-            data = next(iterator)
-            self._items_read += 1
+            data = self._next_item()
+            if data is _END:
+                self._ended = True
+                raise StopIteration
+            if data is _BAD:
+                raise AllSkipped
         self._stage = "collate-stream"
         self.count = len(data) if self._auto_collation else 1
         return self._collate_fn(data)
+
+    def _next_item(self) -> Any:
+        """The stream's next item; `_END` at its end, `_BAD` for one that raised and was
+        skipped (``on_error="skip"``)."""
+        number = self._items_read
+        if self._seeder is not None:
+            self._seeder(StreamItem(number))
+        try:
+            item = next(self._iterator)  # type: ignore[arg-type]  # a stream has one
+        except StopIteration:
+            if self._raised is not None and self.cut is None:  # it ended with the bad item
+                self._cut("the stream ended right after it")
+            return _END
+        except Exception as exc:
+            if not self._skip:
+                raise
+            why = self._go_on()
+            if why is not _STUCK:  # (stuck: the same bad item, read again)
+                self._items_read += 1
+                self._current = self._items_read
+                error_type, message = describe_exception(exc)
+                name = stream_item_name(self._worker_id, number)
+                self.skipped.append(SkippedSample(name, error_type, message))
+                self._raised = (number, error_type, message)
+            if why is not None:
+                self._cut(why)
+                self._ended = True
+            return _BAD
+        self._items_read += 1
+        self._yielded += 1
+        self._current = self._items_read
+        self._raised = self._stuck_state = None
+        return item
+
+    def _go_on(self) -> str | None:
+        """After an item raised: restart a stream that saves its position from the state it
+        reports now (most streams count the bad item as read). None when the stream goes
+        on; else why it cannot (a generator that raised is finished)."""
+        if self._restartable:
+            try:
+                state = pickle.dumps(self._dataset.state_dict())
+                if state == self._stuck_state:  # the restart got nowhere
+                    return _STUCK
+                self._stuck_state = state
+                self._dataset.load_state_dict(pickle.loads(state))
+                self._iterator = iter(self._dataset)
+                return None
+            except Exception as exc:
+                return f"restarting it from its state_dict() raised {type(exc).__name__}: {exc}"
+        iterator = self._iterator
+        if isinstance(iterator, types.GeneratorType) and (
+            inspect.getgeneratorstate(iterator) == inspect.GEN_CLOSED
+        ):
+            return "a Python generator that raised cannot go on"
+        return None  # an iterator that may go on; a StopIteration next ends it (_next_item)
+
+    def _cut(self, why: str) -> None:
+        assert self._raised is not None
+        number, error_type, message = self._raised
+        self.cut = StreamCut(
+            worker_id=-1 if self._worker_id is None else self._worker_id, item=number,
+            yielded=self._yielded, error_type=error_type, message=message, reason=why,
+        )  # fmt: skip
 
 
 def start_fetching(
@@ -200,7 +281,8 @@ def start_fetching(
         try:
             return Fetcher(
                 cfg.dataset_kind, dataset, cfg.auto_collation, cfg.collate_fn, cfg.drop_last,
-                skip_errors=cfg.skip_errors, fields=fields, seeder=seeder,
+                skip_errors=cfg.skip_errors, fields=fields, seeder=seeder, worker_id=worker_id,
+                stateful_stream=cfg.stateful_stream,
             )
         finally:
             fields[STAGE] = IDLE

@@ -168,7 +168,7 @@ def _run_task(
     except StopIteration as exc:
         link.cancel_task()
         if kind == ITERABLE:
-            link.send(Exhausted(task.task_id, tuple(fetcher.skipped)))
+            link.send(Exhausted(task.task_id, tuple(fetcher.skipped), fetcher.cut))
             return True
         _fail(link, task.task_id, exc, fetcher.where)
         return False

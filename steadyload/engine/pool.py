@@ -119,9 +119,13 @@ class ServerPool(Protocol):
 def wait_any(pools: Sequence[WorkerPool], timeout_s: float | None) -> list[tuple[int, object]]:
     """Block until any of ``pools`` has events or ``timeout_s`` passes; their events.
     The poll is the one place Ctrl-C may land (engine/interrupts.py). [Unit: second]"""
-    watched = [obj for pool in pools for obj in pool.waitables()]
-    if any(pool.pending() for pool in pools):
+    armed = [pool.waitables() for pool in pools]  # each pool armed before it is asked
+    queued = [pool.pending() for pool in pools]
+    if any(queued):  # collect those now: poll only the others, without waiting (and a
+        # thread pool alone, its events queued, costs no system call)
         timeout_s = 0.0
+        armed = [objs for objs, q in zip(armed, queued, strict=True) if not q]
+    watched = [obj for objs in armed for obj in objs]
     ready: Collection[Any] = ()
     if watched:
         with interrupts_allowed():  # a dequeue never runs here: nothing is lost to Ctrl-C

@@ -13,7 +13,7 @@ import dataclasses
 import operator
 from typing import Any, TypeVar, dataclass_transform
 
-from ..report import SkippedSample
+from ..report import SkippedSample, StreamCut
 
 _T = TypeVar("_T")
 
@@ -110,6 +110,8 @@ class Exhausted:
 
     task_id: int
     skipped: tuple[SkippedSample, ...] = ()
+    cut: StreamCut | None = None
+    """Set when the stream ended at an item that raised (on_error="skip"): what was lost."""
 
 
 @message

@@ -11,7 +11,13 @@ See docs/design/integrations.md#accelerate.
 
 Checkpoints: `prepare` registers hooks that make ``accelerator.save_state`` write each
 adopted loader's ``state_dict()`` per rank (``steadyload_loader_<i>_rank<r>.pt``) and
-``load_state`` read it back, so a resumed run continues the interrupted epoch exactly.
+``load_state`` read it back, so a resumed run continues the interrupted epoch exactly. It also
+routes that accelerator's ``skip_first_batches`` (accelerate's resume recipe: ``load_state``,
+then ``accelerator.skip_first_batches(loader, k)`` for the resumed epoch) to this module's
+`skip_first_batches` for its steadyload loaders: the loader itself comes back, the loaded
+state starting it at batch ``k``. accelerate's module function ``skip_first_batches`` is out
+of reach: it rebuilds the loader as torch's (steadyload warns, and refuses a loader holding a
+loaded state, which the rebuilt one would get wrong; use this module's instead).
 """
 
 from __future__ import annotations
@@ -209,7 +215,9 @@ def prepare(accelerator: Any, *objects: Any, device_placement: list[bool] | None
     an accelerator registers save/load hooks (public accelerate API) so that
     ``accelerator.save_state`` writes each of those loaders' ``state_dict()`` for each rank
     (``steadyload_loader_<i>_rank<r>.pt``) and ``load_state`` restores it: the resumed epoch
-    continues exactly, no batch loaded twice. Thread-safety: as ``accelerator.prepare``.
+    continues exactly, no batch loaded twice. It also makes ``accelerator.skip_first_batches``
+    return a steadyload loader itself, through this module's `skip_first_batches` (other
+    loaders still go to accelerate's). Thread-safety: as ``accelerator.prepare``.
 
     Raises:
         RuntimeError: accelerate lacks a name this relies on (another accelerate release).
@@ -238,8 +246,37 @@ def _register(accelerator: Any, prepared: Any) -> None:
         ref = weakref.ref(accelerator)
         accelerator.register_save_state_pre_hook(lambda *a: _save_states(ref(), a[-1]))
         accelerator.register_load_state_pre_hook(lambda *a: _load_states(ref(), a[-1]))
+        _route_skip_first_batches(accelerator)
     if not any(p is prepared for p in loaders):
         loaders.append(prepared)
+
+
+def _route_skip_first_batches(accelerator: Any) -> None:
+    """``accelerator.skip_first_batches`` (accelerate's resume recipe, after ``load_state``)
+    sends steadyload's loaders to this module's `skip_first_batches`, others to accelerate's.
+
+    accelerate's rebuilds the loader as a torch one over a ``SkipBatchSampler``: its epoch
+    would run on torch's workers in an order of its own, and the state ``load_state`` gave
+    the loader would then start the loader's next epoch inside the old one. An instance
+    attribute, not a patch of the class or of accelerate's module function: accelerators
+    steadyload did not prepare, and loaders that are not steadyload's, see no change.
+    """
+    ref = weakref.ref(accelerator)  # the accelerator holds this function: no cycle
+    original = type(accelerator).skip_first_batches
+
+    def routed(dataloader: Any, num_batches: int = 0) -> Any:
+        """accelerate's ``Accelerator.skip_first_batches``; a steadyload loader (or adopted
+        shard) goes to steadyload.integrations.accelerate.skip_first_batches instead: the
+        loader itself comes back, continuing a loaded state exactly or skipping unloaded."""
+        if steadyload_base(dataloader) is not None:
+            return skip_first_batches(dataloader, num_batches)
+        me = ref()
+        if me is None:  # kept after its accelerator was dropped
+            raise ReferenceError("the Accelerator this skip_first_batches belonged to no "
+                                 "longer exists")
+        return original(me, dataloader, num_batches=num_batches)
+
+    accelerator.skip_first_batches = routed
 
 
 def _save_states(accelerator: Any, output_dir: str) -> None:
@@ -300,6 +337,7 @@ def skip_first_batches(loader: Any, num_batches: int = 0) -> Any:
     ``load_state``/``load_state_dict`` already starts the epoch at ``num_batches``, nothing
     more is skipped. An IterableDataset goes through accelerate's (which reads and drops the
     skipped batches) and stays steadyload's; any other loader is accelerate's business.
+    ``accelerator.skip_first_batches`` calls this for the accelerators `prepare` prepared.
 
     Raises:
         ValueError: a loaded state starts the epoch somewhere other than ``num_batches``.

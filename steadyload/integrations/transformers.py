@@ -101,9 +101,10 @@ class _LoaderState(_transformers.TrainerCallback):
         self._warned = False
 
     def report(self) -> LoaderReport | None:
-        """The training loader's report: live while it exists, else its last one."""
+        """The training loader's report over every epoch of the latest train(): live while
+        the loader exists, else its last one."""
         base = steadyload_base(self._loader())
-        return base.report() if base is not None else self._final
+        return base.report(all_epochs=True) if base is not None else self._final
 
     def _warn_once(self, text: str) -> None:
         if not self._warned:
@@ -222,9 +223,11 @@ class SteadyloadTrainerMixin(_MixinBase):
         return adopt(super().get_test_dataloader(test_dataset), **self.steadyload_options)
 
     def steadyload_report(self) -> LoaderReport | None:
-        """``report()`` of the latest ``train()``'s training loader (restarts, skipped samples,
-        per-worker speed and memory, data-stall share); None before training, or when that
-        loader is not steadyload's. Cheap; safe during and after training."""
+        """The latest ``train()``'s training loader over every epoch of it
+        (``report(all_epochs=True)``: restarts and skipped samples with their epochs,
+        per-worker speed and memory, data-stall share), whatever
+        ``dataloader_persistent_workers`` is; None before training, or when that loader is
+        not steadyload's. Cheap; safe during and after training."""
         return self._steadyload_state.report()
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any,

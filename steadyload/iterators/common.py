@@ -19,7 +19,8 @@ from torch.utils.data import IterDataPipe, MapDataPipe
 
 from ..engine.torch_hooks import profiler_enabled
 from ..errors import SkipLimitError
-from ..report import RunRecord, SkippedSample
+from ..report import SkippedSample, StreamCut, describe_cut
+from .record import RunRecord
 
 _LOG = logging.getLogger(__name__)
 
@@ -87,8 +88,14 @@ class SkipGuard:
             _LOG.warning(
                 "skipped sample %r: %s: %s", sample.index, sample.error_type, sample.message
             )
-            record.skipped.append(sample)
+            record.skip(sample)
             self.skipped(sample)
+
+
+def record_cut(record: RunRecord, cut: StreamCut) -> None:
+    """A worker's stream ended at a bad item: say so at WARNING and keep it in the report."""
+    _LOG.warning("%s", describe_cut(cut))
+    record.cut(cut)
 
 
 def empty_like(batch: Any) -> Any:
@@ -182,6 +189,7 @@ class TimedNext:
     _IterableDataset_len_called: Any
     _dataset: Any
     _num_workers: int
+    _drop_last: bool
 
     def __next__(self) -> Any:
         if profiler_enabled():
@@ -221,9 +229,31 @@ class TimedNext:
             data = self._next_data_timed()
         except StopIteration:
             self.record.waited(called, time.perf_counter(), delivered=False)
+            if self.record.streams_cut and not self.record.finished:
+                self._count_rows_lost()
             raise
         self.record.waited(called, time.perf_counter())
         return data
+
+    def _count_rows_lost(self) -> None:
+        """At the end of an epoch whose streams were cut: how many rows they lost, when
+        ``len(dataset)`` tells (and no partial batch was dropped)."""
+        rows = None
+        if not self._drop_last:
+            try:
+                rows = len(self._dataset)
+            except TypeError:  # a stream without __len__
+                pass
+        self.record.ended(rows)
+        lost = self.record.rows_lost
+        _LOG.warning(
+            "the epoch ended with %d worker stream(s) cut at a bad item: %s",
+            len(self.record.streams_cut),
+            f"{lost} of the dataset's {rows} rows were lost (report().streams_cut says where)"
+            if lost is not None else
+            "how many rows were lost is unknown (the dataset has no len()); "
+            "report().streams_cut says where",
+        )  # fmt: skip
 
 
 class DatasetError(Exception):

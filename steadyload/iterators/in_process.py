@@ -18,16 +18,18 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from .._seeding import KeepCallerRngs, SampleSeeder
 from ..checkpoint import Checkpoints
 from ..engine.fetch import AllSkipped, Fetcher
+from ..epoch_order import stateful
 from ..options import LoaderOptions
-from ..report import RunRecord
-from .common import UNSET, EmptyBatches, SkipGuard, TimedNext, add_note
+from .common import UNSET, EmptyBatches, SkipGuard, TimedNext, add_note, record_cut
+from .record import History, RunRecord
 
 
 class InProcessIterator(TimedNext, _BaseDataLoaderIter):
     """num_workers=0: load in this process, with torch's semantics and steadyload's notes."""
 
     def __init__(
-        self, loader: DataLoader[Any], options: LoaderOptions, checkpoints: Checkpoints
+        self, loader: DataLoader[Any], options: LoaderOptions, checkpoints: Checkpoints,
+        history: History,
     ) -> None:
         super().__init__(loader)
         if self._timeout != 0:
@@ -47,9 +49,10 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
         self._fetcher = Fetcher(
             self._dataset_kind, self._dataset, self._auto_collation,
             self._collate_fn, self._drop_last, skip_errors=options.on_error == "skip",
-            seeder=self._seeder,
+            seeder=self._seeder, stateful_stream=stateful(self._dataset),
         )  # fmt: skip
-        self.record = RunRecord("in-process", None, ())
+        self.record = RunRecord("in-process", None, (), history)
+        self.record.epoch = self._progress.epoch
         self._guard = SkipGuard()
         self._empty = EmptyBatches(self._collate_fn)
         self._ahead: collections.deque[tuple[int, Any]] = collections.deque()
@@ -88,12 +91,15 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
             return ordinal, UNSET
         except StopIteration:
             self._record_skips()
+            if self._fetcher.cut is not None:
+                record_cut(self.record, self._fetcher.cut)
             self._progress.finished = True
             raise
         except Exception as exc:
             add_note(exc, f"steadyload: raised in the main process {self._fetcher.where}")
             raise
         self._record_skips()
+        self.record.loaded(-1, self._fetcher.count, 0.0)  # (no worker: for rows_lost only)
         self._guard.delivered()
         self._empty.learn(data)
         return ordinal, data

@@ -27,8 +27,9 @@ from ..engine.protocol import Empty, Exhausted, Failed, Ready, Retire, StartFail
 from ..engine.thread.sharing import warn_global_draws
 from ..errors import SharedMemoryError
 from ..memory.advice import check_in_flight
-from ..report import RunRecord, SkippedSample, WorkerReport, summarize_modules
-from .common import EmptyBatches, SkipGuard
+from ..report import SkippedSample, WorkerReport, summarize_modules
+from .common import EmptyBatches, SkipGuard, record_cut
+from .record import RunRecord
 from .recovery import Recovery
 from .tasks import EMPTY, TaskTable
 from .worker_errors import rebuild_exception
@@ -87,6 +88,8 @@ class Outcomes:
                 table.settle(event.task_id, EMPTY)
             case Exhausted():
                 self._record_skips(event.skipped)
+                if event.cut is not None:
+                    record_cut(record, event.cut)
                 if table.settle(event.task_id) is not None:
                     table.active[worker_id] = False
                     return True

@@ -25,8 +25,9 @@ from .. import _system, diagnosis
 from ..engine.events import Died, ServerDied, ServerGone
 from ..engine.pool import THREAD, ServerPool, WorkerPool
 from ..engine.status import IDLE, LOADING, STAGES, STARTING, Progress
-from ..report import RestartReport, RunRecord, SkippedSample
+from ..report import RestartReport, SkippedSample
 from .common import flat_indices
+from .record import RunRecord
 from .tasks import TaskEntry, TaskTable
 
 if TYPE_CHECKING:
@@ -206,7 +207,7 @@ class Recovery:
             self._table.skip(task_id)
         for index in skipped:
             _LOG.warning("skipped sample %r: it %s", index, reason)
-            self._record.skipped.append(SkippedSample(index, "WorkerDied", reason))
+            self._record.skip(SkippedSample(index, "WorkerDied", reason))
 
     def _replace(
         self, pool: WorkerPool, worker_id: int, died: Died, held: list[tuple[int, TaskEntry]],
@@ -231,7 +232,7 @@ class Recovery:
             if budget else "",
             len(rerun), "" if len(rerun) == 1 else "es", "is" if len(rerun) == 1 else "are",
         )
-        self._record.restarts.append(RestartReport(worker_id, died.pid, cause, sample, len(rerun)))
+        self._record.restarted(RestartReport(worker_id, died.pid, cause, sample, len(rerun)))
         self._restart_worker(pool, worker_id)
 
     def _restart_worker(self, pool: WorkerPool, worker_id: int) -> None:
@@ -299,6 +300,6 @@ class Recovery:
             len(workers), died.method, len(workers), table.restarts, self._opts.max_restarts,
             batches,
         )
-        self._record.restarts.append(RestartReport(-1, died.pid, cause, None, batches))
+        self._record.restarted(RestartReport(-1, died.pid, cause, None, batches))
         for w in workers:
             self._restart_worker(pool, w)

@@ -34,7 +34,6 @@ from ..engine.pool import WorkerPool
 from ..epoch_order import stateful
 from ..memory.sampler import MemorySampler
 from ..options import LoaderOptions
-from ..report import RunRecord
 from ..start import guards
 from .common import (
     DatasetError,
@@ -46,6 +45,7 @@ from .common import (
 )
 from .hangs import Watchdog
 from .outcomes import Outcomes
+from .record import History, RunRecord
 from .recovery import Recovery
 from .tasks import EMPTY, TaskEntry, TaskTable
 
@@ -61,6 +61,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         options: LoaderOptions,
         plan: PoolPlan,
         checkpoints: Checkpoints,
+        history: History,
     ) -> None:
         super().__init__(loader)
         self._prefetch_factor: int = loader.prefetch_factor or 2
@@ -72,7 +73,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         if plan.start_method is not None:  # processes start now
             guards.check_process_start(self._dataset, self._num_workers, plan.start_method)
         checkpoints.apply_base_seed(loader, self)  # before the workers are configured with it
-        self.record = RunRecord(plan.kind, plan.start_method, plan.preload)
+        self.record = RunRecord(plan.kind, plan.start_method, plan.preload, history)
         self._config = WorkerConfig(
             dataset_kind=self._dataset_kind,
             dataset=self._dataset,
@@ -169,6 +170,10 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         super()._reset(loader, first_iter)
         self._stash = self._handing = None  # a batch held back by Ctrl-C was last epoch's
         self._progress: EpochProgress = self._checkpoints.begin_epoch(loader, self)
+        if first_iter:
+            self.record.epoch = self._progress.epoch
+        else:  # persistent workers: the record's epoch closes
+            self.record.begin_epoch(self._progress.epoch)
         if self._pool is None:
             # Persistent workers that were stopped by an error: start afresh.
             self._error = None

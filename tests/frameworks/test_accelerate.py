@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,76 @@ def test_save_state_and_load_state_resume_mid_epoch_exactly(tmp_path: Path) -> N
     assert _batches(dl2) == next_epoch
 
 
+BAD = frozenset({5, 17, 30, 41})  # of Flawed(48): on_error="skip" leaves them out
+
+
+def test_accelerates_resume_recipe_load_state_then_skip_first_batches_is_exact(
+    tmp_path: Path,
+) -> None:
+    """accelerate's documented resume: ``load_state(dir)``, then the epoch from
+    ``accelerator.skip_first_batches(loader, k)`` and the next ones from the loader."""
+    done = 5  # of the 12 batches of epoch 0, when the checkpoint is taken
+
+    def run(seed: int) -> tuple[Any, Any]:
+        acc = accelerate.Accelerator(cpu=True)
+        dataset = accelerate_job.Flawed(48, bad=BAD, delay_s=0.002)
+        return acc, prepare(acc, _loader(dataset, seed=seed, on_error="skip", max_restarts=2,
+                                         sample_seeds=True))
+
+    acc, dl = run(0)  # the uninterrupted run
+    it = iter(dl)
+    first = _batches(next(it) for _ in range(done))
+    acc.save_state(str(tmp_path))
+    rest = _batches(it)
+    following = _batches(dl)
+
+    acc2, dl2 = run(7)  # a fresh run, its loader from another seed
+    acc2.load_state(str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        skipped = acc2.skip_first_batches(dl2, done)
+        resumed = _batches(skipped, kill_after=0)  # 6 batches still to come: a restart
+        resumed_report = dl2.report()
+        next_epoch = _batches(dl2)
+    assert [str(w.message) for w in caught if "steadyload" in str(w.message)] == []
+    assert skipped is dl2  # accelerate's shard, kept: steadyload's workers, the saved epoch
+    # The rest of the interrupted epoch and the whole next one, as the uninterrupted run had
+    # them: the same samples in the same batches, the same worker-side draws (sample_seeds).
+    assert resumed == rest and len(first + rest) == 12
+    assert next_epoch == following and len(following) == 12
+    assert [r.cause for r in resumed_report.restarts] == ["killed by SIGKILL"]
+    # Each bad sample shortens its batch by one: those of the resumed part were skipped
+    # there, on steadyload's workers (torch's would have raised), and all of them next epoch.
+    resumed_skips = [s.index for s in resumed_report.skipped]
+    assert resumed_skips and set(resumed_skips) <= BAD, "pick BAD indices in the resumed part"
+    assert sum(4 - len(b) for b in rest) == len(resumed_skips)
+    assert sorted(s.index for s in dl2.report().skipped) == sorted(BAD)
+
+
+def test_accelerates_module_skip_first_batches_refuses_a_loader_holding_a_loaded_state(
+    tmp_path: Path,
+) -> None:
+    """``from accelerate import skip_first_batches`` is out of steadyload's reach: it would
+    run the resumed epoch on torch's workers and leave the state to the next epoch."""
+    acc = accelerate.Accelerator(cpu=True)
+    dl = prepare(acc, _loader(Indexed(40)))
+    it = iter(dl)
+    first = [next(it)["index"].tolist() for _ in range(3)]
+    acc.save_state(str(tmp_path))
+    rest = [b["index"].tolist() for b in it]
+    acc2 = accelerate.Accelerator(cpu=True)
+    dl2 = prepare(acc2, _loader(Indexed(40), seed=7))
+    acc2.load_state(str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"(?s)accelerate's skip_first_batches was given a "
+                       r"steadyload\.DataLoader holding a loaded state.*Why: torch's loader "
+                       r"cannot continue that state.*Fix: use `steadyload\.integrations\."
+                       r"accelerate\.skip_first_batches\(loader, n\)`"):
+        accelerate.skip_first_batches(dl2, len(first))
+    # Refused before anything changed: the accelerator's method resumes it exactly.
+    assert acc2.skip_first_batches(dl2, len(first)) is dl2
+    assert [b["index"].tolist() for b in _batches_plain(dl2)] == rest
+
+
 def test_skip_first_batches_stays_on_steadyload_and_loads_no_skipped_sample(
     tmp_path: Path,
 ) -> None:
@@ -122,11 +193,15 @@ def test_skip_first_batches_stays_on_steadyload_and_loads_no_skipped_sample(
     assert {i for i, _, _ in loads}.isdisjoint(i for b in full[:3] for i in b)
     assert {ppid for _, _, ppid in loads} == {forkserver_pid()}
     assert dl.state_dict()["finished"] and dl.report().batches == 2
-    # accelerate's own skip_first_batches rebuilds the loader as torch's: it says so.
+    # The accelerator steadyload prepared sends its loaders to steadyload's, in place.
+    again = prepare(acc, _loader(Tokens(20)))
+    assert acc.skip_first_batches(again, 3) is again
+    assert [b["input_ids"][:, 0].tolist() for b in again] == full[3:]
+    # accelerate's module function rebuilds the loader as torch's: it says so.
     with pytest.warns(UserWarning, match=r"(?s)accelerate's skip_first_batches is rebuilding "
                       r"this steadyload.DataLoader as torch's.*Fix: use `steadyload\."
                       r"integrations\.accelerate\.skip_first_batches\(loader, n\)`"):
-        acc.skip_first_batches(prepare(acc, _loader(Tokens(20))), 3)
+        accelerate.skip_first_batches(prepare(acc, _loader(Tokens(20))), 3)
 
 
 def test_skip_first_batches_of_a_plain_loader_in_place_and_of_a_stream_through_accelerate() -> None:
@@ -223,6 +298,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, A
 def test_two_processes_shard_heal_a_killed_worker_and_resume_exactly(
     two_ranks: dict[int, dict[str, Any]],
 ) -> None:
+    """Run C resumes as accelerate's docs do: load_state, then skip_first_batches."""
     save_epoch, save_batches = accelerate_job.SAVE_AT
     for rank, result in two_ranks.items():
         a, b, c = (result["runs"][k] for k in "ABC")
@@ -232,7 +308,9 @@ def test_two_processes_shard_heal_a_killed_worker_and_resume_exactly(
             assert run["ppids"] == [result["forkserver"]]
             assert run["len"] == accelerate_job.N // accelerate_job.BATCH // 2
         assert b["epochs"] == a["epochs"], f"rank {rank}: the killed worker changed batches"
-        assert b["restarts"] == (["killed by SIGKILL"] if rank == 1 else [])
+        for run in (b, c):
+            assert run["restarts"] == (["killed by SIGKILL"] if rank == 1 else [])
+        assert c["skip_gave_the_loader"]  # the prepared shard itself, not torch's rebuild
         epochs = {int(e): v for e, v in c["epochs"].items()}
         assert sorted(epochs) == list(range(save_epoch, accelerate_job.EPOCHS))
         assert epochs[save_epoch] == a["epochs"][str(save_epoch)][save_batches:]
@@ -246,7 +324,11 @@ def test_two_processes_shard_heal_a_killed_worker_and_resume_exactly(
     for epoch in map(str, range(accelerate_job.EPOCHS)):  # the ranks split each epoch
         shards = [[i for batch in two_ranks[r]["runs"]["A"]["epochs"][epoch] for i, _ in batch]
                   for r in (0, 1)]
-        assert sorted(shards[0] + shards[1]) == list(range(accelerate_job.N))
+        assert sorted(shards[0] + shards[1]) == sorted(
+            set(range(accelerate_job.N)) - accelerate_job.BAD)
+    # on_error="skip" left each bad sample out once per epoch, on whichever rank had it.
+    skipped = sorted(i for r in (0, 1) for i in two_ranks[r]["runs"]["A"]["skipped"])
+    assert skipped == sorted(list(accelerate_job.BAD) * accelerate_job.EPOCHS)
     # The ranks' base seeds differ (per-rank RNG seeds): one shared state file would resume
     # one of them with the other's worker seeds.
     assert two_ranks[0]["saved_base_seed"] != two_ranks[1]["saved_base_seed"]

@@ -149,3 +149,54 @@ def test_nothing_imports_datasets_for_other_datasets(tmp_path: Path) -> None:
                          timeout=60, cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "False"]
+
+
+# -- on_error="skip" on an HF stream (issue #22: nothing lost silently) ----------------------
+STREAM_ROWS, BAD_ROW = 48, 9
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    if row["id"] == BAD_ROW:
+        raise ValueError(f"row {BAD_ROW} does not decode")
+    return row
+
+
+def _rows_of_generator() -> Any:
+    for i in range(STREAM_ROWS):
+        yield _decode({"id": i})
+
+
+def _stream(mapped_fn: Any = None) -> Any:
+    ds = datasets.Dataset.from_dict({"id": list(range(STREAM_ROWS))}).to_iterable_dataset(
+        num_shards=4
+    )
+    return ds.map(mapped_fn) if mapped_fn is not None else ds
+
+
+def _ids(loader: sl.DataLoader[Any]) -> list[int]:
+    return [int(i) for batch in loader for i in batch["id"]]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bad_row_in_a_mapped_stream_is_skipped_and_the_stream_goes_on(workers: int) -> None:
+    # HF's IterableDataset saves its position and counts the row its map raised on as read:
+    # steadyload restarts the stream from there, so only the bad row is missing.
+    clean = _ids(sl.DataLoader(_stream(), batch_size=5, num_workers=workers))
+    loader = sl.DataLoader(_stream(_decode), batch_size=5, num_workers=workers, on_error="skip")
+    assert _ids(loader) == [i for i in clean if i != BAD_ROW]
+    report = loader.report()
+    assert len(report.skipped) == 1 and "does not decode" in report.skipped[0].message
+    assert report.streams_cut == ()
+
+
+def test_a_bad_row_inside_an_hf_generator_is_reported_as_a_cut_stream() -> None:
+    # A generator that raised cannot go on, and HF's state still points at the bad row.
+    ds = datasets.IterableDataset.from_generator(_rows_of_generator)
+    loader = sl.DataLoader(ds, batch_size=5, num_workers=2, on_error="skip")
+    got = _ids(loader)
+    report = loader.report()
+    (cut,) = report.streams_cut
+    assert cut.yielded == len(got) == BAD_ROW  # one shard: worker 0 reads it all
+    assert cut.worker_id == 0 and cut.item == BAD_ROW
+    assert report.rows_lost is None  # an HF stream has no len(): the report says unknown
+    assert "stream cut: worker 0's stream ended at its item 9" in str(report)

@@ -60,7 +60,7 @@ def _skipped(reference: dict[str, Any]) -> set[int]:
 @pytest.fixture(scope="module")
 def one(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("trainer")
-    return _job(out, "A", "B1", "B2", "U1", "U2", "W", "U3", "S1", "S2", "E")[0]
+    return _job(out, "A", "B1", "B2", "U1", "U2", "W", "U3", "S1", "S2", "K", "E")[0]
 
 
 @pytest.mark.slow
@@ -78,8 +78,9 @@ def test_mixin_trainer_runs_on_steadyload_workers_keeps_its_loader_and_heals_a_k
             "report_start_method": "forkserver",
         }
     assert len(a["batches"]) == a["steps"] and b1["batches"] == a["batches"]
-    mixin, direct = a["mixin_report_batches"]  # steadyload_report() after train()
-    assert mixin == direct and mixin > 0
+    mixin, whole, latest = a["mixin_report_batches"]  # steadyload_report() after train()
+    assert mixin == whole > latest > 0  # every epoch of train(), not only the latest
+    assert a["mixin_report"]["epochs"] == 2
     assert a["restarts"] == [] and b1["restarts"] == ["killed by SIGKILL"]
     assert "steadyload_loader_rank0.pt" in b1["checkpoint"]
     assert a["eval"]["steadyload"] and a["eval"]["cached"]  # persistent eval loader, adopted
@@ -148,6 +149,22 @@ def test_sft_trainer_with_the_mixin_keeps_trl_collator_on_steadyload_workers(
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_a_restart_in_epoch_0_is_in_the_report_after_train_without_persistent_workers(
+    one: dict[str, Any],
+) -> None:
+    k = one["K"]
+    assert k["built_with"]["persistent_workers"] is False  # the Trainer's default
+    assert k["mixin_report"]["epochs"] == 2
+    assert k["mixin_report"]["restarts"] == [["killed by SIGKILL", 0]]
+    assert k["mixin_report"]["latest_epoch_restarts"] == 0  # report(): the latest epoch only
+    # Healed: the fault-free run's samples. (Epoch 1's worker draws differ from A's: without
+    # persistent workers each epoch's iterator draws a new base seed, as in torch.)
+    per_epoch = k["steps_per_epoch"]
+    assert k["batches"][:per_epoch] == one["A"]["batches"][:per_epoch]
+    assert _indices(k["batches"]) == _indices(one["A"]["batches"])
+
+
 def test_mixin_fails_loudly_and_puts_the_resume_patch_back(one: dict[str, Any]) -> None:
     e = one["E"]
     assert e["unknown_option"].startswith("steadyload_options has unknown steadyload option(s) 'on_eror'; the options are start_method, max_restarts")

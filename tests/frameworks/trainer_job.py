@@ -17,6 +17,8 @@ parent pid), the restarts, what the loader was built with, and any steadyload wa
   the subclass *without* the mixin; ``U3`` resumes it without the loader state file.
 - ``S1``/``S2``: TRL's SFTTrainer with the mixin on a pre-tokenized ``datasets.Dataset``,
   fault-free and with a worker SIGKILLed after step KILL_STEP.
+- ``K``: as B1 with the Trainer's default ``dataloader_persistent_workers=False`` (a new
+  iterator each epoch): ``steadyload_report()`` after train() still shows epoch 0's restart.
 - ``E``: the mixin's errors (an unknown option, transformers without skip_first_batches) and
   whether the resume patch is in place during train() and gone after an exception.
 """
@@ -151,9 +153,11 @@ def trainer_run(out: Path, run: str) -> dict[str, Any]:
     kwargs = {} if run == "W" else {"steadyload_options": OPTIONS}
     eval_logs = out / f"eval-{run}-{os.environ.get('RANK', '0')}"
     eval_logs.mkdir(exist_ok=True)
-    trainer = cls(model=tiny_gpt2(), args=_args(out, run), train_dataset=Tokens(N, str(logs)),
+    extra = {"dataloader_persistent_workers": False} if run == "K" else {}
+    trainer = cls(model=tiny_gpt2(), args=_args(out, run, **extra),
+                  train_dataset=Tokens(N, str(logs)),
                   eval_dataset=Tokens(16, str(eval_logs)) if run == "A" else None,
-                  callbacks=[_probe(record, kill=run == "B1")], **kwargs)
+                  callbacks=[_probe(record, kill=run in ("B1", "K"))], **kwargs)
     resume = None
     if run in ("B2", "B3", "U2", "U3", "W"):
         resume = str(out / run[0].replace("W", "U") / f"checkpoint-{SAVE_AT}")
@@ -182,7 +186,14 @@ def trainer_run(out: Path, run: str) -> dict[str, Any]:
         }
         mixin_report = trainer.steadyload_report() if hasattr(trainer, "steadyload_report") else None
         record["mixin_report_batches"] = [mixin_report.batches if mixin_report else None,
+                                          loader.report(all_epochs=True).batches,
                                           loader.report().batches]
+        if mixin_report is not None:  # after train(): every epoch's restarts, with the epoch
+            record["mixin_report"] = {
+                "epochs": mixin_report.epochs,
+                "restarts": [[r.cause, r.epoch] for r in mixin_report.restarts],
+                "latest_epoch_restarts": len(loader.report().restarts),
+            }
     if run == "A":
         eval_loader = trainer.get_eval_dataloader()
         metrics = trainer.evaluate()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import steadyload
-from tests.datasets import Busy, MapDS
+from tests.datasets import Busy, FaultOnce, MapDS
 
 
 def test_per_worker_figures_add_up() -> None:
@@ -73,3 +74,39 @@ def test_report_every_logs_at_info_by_default(caplog: pytest.LogCaptureFixture) 
     with caplog.at_level("INFO", logger="steadyload.report"):
         list(loader)
     assert sum("steadyload loader report" in r.message for r in caplog.records) == 2
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_restart_in_epoch_0_is_still_in_the_report_after_epoch_2(
+    persistent: bool, tmp_path: Path
+) -> None:
+    # Sample 5 SIGKILLs its worker the first time it loads; sample 7 is corrupt every time.
+    dataset = FaultOnce(24, {5}, "sigkill", str(tmp_path))
+    bad = FaultOnce(24, {7}, "raise", str(tmp_path / "bad"), always=True)
+    (tmp_path / "bad").mkdir()
+    loader = steadyload.DataLoader(dataset, batch_size=4, num_workers=2,
+                                   persistent_workers=persistent)  # fmt: skip
+    skipping = steadyload.DataLoader(bad, batch_size=4, num_workers=2, on_error="skip",
+                                     persistent_workers=persistent)  # fmt: skip
+    for _ in range(3):
+        assert [int(x) for b in loader for x in b] == list(range(24))
+        assert [int(x) for b in skipping for x in b] == [i for i in range(24) if i != 7]
+    latest, whole = loader.report(), loader.report(all_epochs=True)
+    assert (latest.epoch, latest.epochs, latest.restarts, latest.batches) == (2, 1, (), 6)
+    assert (whole.epoch, whole.epochs, whole.batches) == (2, 3, 18)
+    assert [(r.epoch, r.cause) for r in whole.restarts] == [(0, "killed by SIGKILL")]
+    assert sum(w.samples for w in whole.workers) == 72
+    assert "restart: epoch 0: worker" in str(whole) and "3 epochs, to epoch 2" in str(whole)
+    # One skip per epoch: each epoch's report has its own; all_epochs has the three.
+    assert [k.index for k in skipping.report().skipped] == [7]
+    assert [(k.epoch, k.index) for k in skipping.report(all_epochs=True).skipped] == [
+        (0, 7), (1, 7), (2, 7)
+    ]
+
+
+def test_a_twin_built_by_a_framework_keeps_the_history() -> None:
+    loader = steadyload.DataLoader(MapDS(8), batch_size=4, num_workers=0)
+    list(loader)
+    twin = steadyload.DataLoader.from_loader(loader)
+    list(twin)
+    assert twin.report(all_epochs=True).epochs == 2 and twin.report().epochs == 1

@@ -1,0 +1,212 @@
+"""`RunRecord`: what an iterator records while it runs, epoch by epoch, and `History`: every
+epoch a loader ran. `DataLoader.report` turns them into `LoaderReport`s (report.py)."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from ..report import LoaderReport, RestartReport, SkippedSample, StreamCut, WorkerReport
+
+
+class RunRecord:
+    """What one iterator records while it runs, epoch by epoch; outlives it, for
+    `DataLoader.report`. What lasts across epochs (the workers, the choices) stays; what
+    happened in the epoch goes to the loader's `History` when the next epoch begins."""
+
+    def __init__(
+        self, kind: str, start_method: str | None, preload: tuple[str, ...],
+        history: History | None = None,
+    ) -> None:  # fmt: skip
+        self.worker_kind = "thread" if kind == "auto" else kind  # auto starts on threads
+        self.start_method = start_method
+        self.preload = preload
+        self.preload_missing: tuple[str, ...] | None = None
+        self.num_workers_choice: str | None = None  # num_workers="auto": what and why
+        self.worker_type_choice: str | None = None  # worker_type="auto": what and why
+        self.auto_kind: str | None = None  # and what it chose: "thread" or "process"
+        self.workers: dict[int, WorkerReport] = {}
+        self.memory: Any = None  # callable -> {worker: (uss, pss, peak, epochs)}, if sampled
+        self.ready_at: dict[int, float] = {}  # worker -> perf_counter() at its Ready
+        self.periodic: tuple[float, Callable[[LoaderReport], None]] | None = None
+        self._last_periodic = time.perf_counter()
+        self.history = history if history is not None else History()
+        self.epoch = 0
+        self._clear_epoch()
+        self.history.follow(self)
+
+    def _clear_epoch(self) -> None:
+        self.restarts: list[RestartReport] = []
+        self.skipped: list[SkippedSample] = []
+        self.streams_cut: list[StreamCut] = []
+        self.rows_lost: int | None = None
+        self.finished = False  # the epoch ran to its end (`ended`)
+        self.samples: dict[int, int] = {}  # worker -> samples delivered
+        self.busy_s: dict[int, float] = {}  # worker -> seconds spent loading them
+        self.batches = 0
+        self.wait_s = 0.0
+        self.first_call: float | None = None
+        self.last_return = 0.0
+        self.epoch_began = time.perf_counter()
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Epoch ``epoch`` begins (persistent workers): the last one goes to the history."""
+        self.history.close(self)
+        self.epoch = epoch
+
+    @property
+    def eventful(self) -> bool:
+        """Whether this epoch did anything worth keeping (a batch, a restart, a skip)."""
+        return bool(self.batches or self.restarts or self.skipped or self.streams_cut)
+
+    def restarted(self, report: RestartReport) -> None:
+        """A worker (or, id -1, all of them) was replaced in this epoch."""
+        self.restarts.append(replace(report, epoch=self.epoch))
+
+    def skip(self, sample: SkippedSample) -> None:
+        """A sample was left out of its batch in this epoch."""
+        self.skipped.append(replace(sample, epoch=self.epoch))
+
+    def cut(self, cut: StreamCut) -> None:
+        """A worker's stream ended at a bad item in this epoch."""
+        self.streams_cut.append(replace(cut, epoch=self.epoch))
+
+    def ended(self, rows: int | None) -> None:
+        """The epoch ran to its end; ``rows`` is ``len(dataset)`` when a stream's length is
+        known (and no partial batch was dropped), to count what cut streams lost."""
+        self.finished = True
+        if self.streams_cut and rows is not None:
+            delivered = sum(self.samples.values())
+            self.rows_lost = max(0, rows - delivered - len(self.skipped))
+
+    def loaded(self, worker_id: int, samples: int, load_s: float) -> None:
+        """A worker delivered ``samples`` samples it took ``load_s`` seconds to load."""
+        self.samples[worker_id] = self.samples.get(worker_id, 0) + samples
+        self.busy_s[worker_id] = self.busy_s.get(worker_id, 0.0) + load_s
+
+    def waited(self, called: float, returned: float, delivered: bool = True) -> None:
+        """The training loop spent ``called``..``returned`` (perf_counter) in next()."""
+        if self.first_call is None:
+            self.first_call = called
+        self.batches += delivered
+        self.wait_s += returned - called
+        self.last_return = returned
+        periodic = self.periodic
+        if delivered and periodic is not None and returned - self._last_periodic >= periodic[0]:
+            self._last_periodic = returned
+            try:
+                periodic[1](self.to_report())
+            except Exception as exc:  # raising here would lose the batch next() holds
+                warnings.warn(
+                    f"steadyload: the report_every callback raised {type(exc).__name__}: "
+                    f"{exc}. The batch was still yielded and reports go on; fix the callback "
+                    "or turn it off with report_every(loader, None).",
+                    RuntimeWarning, stacklevel=4,
+                )
+
+    def to_report(self) -> LoaderReport:
+        """A frozen snapshot."""
+        memory = self.memory() if self.memory is not None else {}
+        now = time.perf_counter()
+        workers = []
+        for k in sorted(self.workers):
+            w = self.workers[k]
+            if k in memory:
+                uss, pss, peak, epochs = memory[k]
+                w = replace(w, uss_bytes=uss, pss_bytes=pss, peak_uss_bytes=peak,
+                            epoch_uss_bytes=tuple(epochs))  # fmt: skip
+            samples, busy = self.samples.get(k, 0), self.busy_s.get(k, 0.0)
+            life = now - max(self.ready_at[k], self.epoch_began) if k in self.ready_at else 0.0
+            w = replace(
+                w, samples=samples,
+                samples_per_s=samples / busy if busy > 0 else None,
+                busy_share=min(1.0, busy / life) if life > 0 else None,
+            )  # fmt: skip
+            workers.append(w)
+        loop_s = self.last_return - self.first_call if self.first_call is not None else 0.0
+        return LoaderReport(
+            worker_kind=self.worker_kind,
+            start_method=self.start_method,
+            preload_requested=self.preload,
+            preload_missing=self.preload_missing,
+            workers=tuple(workers),
+            restarts=tuple(self.restarts),
+            skipped=tuple(self.skipped),
+            num_workers_choice=self.num_workers_choice,
+            worker_type_choice=self.worker_type_choice,
+            batches=self.batches,
+            wait_s=self.wait_s,
+            loop_s=loop_s,
+            data_stall_share=self.wait_s / loop_s if loop_s > 0 else None,
+            epoch=self.epoch,
+            streams_cut=tuple(self.streams_cut),
+            rows_lost=self.rows_lost,
+        )
+
+
+def not_started(info: Any, auto: Any) -> LoaderReport:
+    """The report of a loader not yet iterated: how its workers will start (``info``: the
+    `StartInfo`, None without processes; ``auto``: the num_workers="auto" choice)."""
+    return LoaderReport(
+        worker_kind="process" if info else "in-process",
+        start_method=info.method if info else None,
+        preload_requested=info.preload if info else (), preload_missing=None, workers=(),
+        num_workers_choice=auto.reason if auto is not None else None,
+    )  # fmt: skip
+
+
+class History:
+    """Every epoch a loader ran, closed as the next one begins; for ``report(all_epochs=True)``.
+    A twin a framework builds from the loader (`DataLoader.from_loader`) shares it."""
+
+    def __init__(self) -> None:
+        self.epochs: list[LoaderReport] = []
+        self._current: RunRecord | None = None
+
+    def follow(self, record: RunRecord) -> None:
+        """``record`` runs the next epoch: the one before closes."""
+        if self._current is not None and self._current is not record:
+            self.close(self._current)
+        self._current = record
+
+    def close(self, record: RunRecord) -> None:
+        """Keep ``record``'s epoch (when it did anything) and clear it for the next one."""
+        if record.eventful:
+            self.epochs.append(record.to_report())
+        record._clear_epoch()
+
+    def report(self, all_epochs: bool) -> LoaderReport | None:
+        """The latest epoch's report, or with ``all_epochs`` every epoch in one (the latest
+        epoch's workers and choices); None before any epoch began."""
+        current = self._current
+        if not all_epochs:
+            return current.to_report() if current is not None else None
+        parts = list(self.epochs)
+        if current is not None and (current.eventful or not parts):
+            parts.append(current.to_report())
+        if not parts:
+            return None
+        last = parts[-1]
+        samples: dict[int, int] = {}
+        for part in parts:
+            for w in part.workers:
+                samples[w.worker_id] = samples.get(w.worker_id, 0) + w.samples
+        wait_s = sum(p.wait_s for p in parts)
+        loop_s = sum(p.loop_s for p in parts)
+        lost = [p.rows_lost for p in parts if p.rows_lost is not None]
+        return replace(
+            last,
+            workers=tuple(replace(w, samples=samples[w.worker_id]) for w in last.workers),
+            restarts=tuple(r for p in parts for r in p.restarts),
+            skipped=tuple(k for p in parts for k in p.skipped),
+            streams_cut=tuple(c for p in parts for c in p.streams_cut),
+            rows_lost=sum(lost) if lost else None,
+            batches=sum(p.batches for p in parts),
+            wait_s=wait_s,
+            loop_s=loop_s,
+            data_stall_share=wait_s / loop_s if loop_s > 0 else None,
+            epochs=len(parts),
+        )
