@@ -45,7 +45,7 @@ from ...pickling import not_copyable
 from ..config import WorkerConfig
 from ..events import Died, GlobalRngDrawn
 from ..fetch import ITERABLE
-from ..pool import THREAD, Kind, wait_any
+from ..pool import THREAD, Kind
 from ..protocol import Reset, Restore, Stop, Task
 from ..status import IDLE, Progress
 from ..torch_hooks import install_per_thread
@@ -304,8 +304,12 @@ class ThreadPool:
         return out
 
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
-        """Block until an event arrives or ``timeout_s`` passes. [Unit: second]"""
-        return wait_any((self,), timeout_s)
+        """Block until an event arrives or ``timeout_s`` passes: on the outbox's event, not
+        a poll (`wait_any` is for waiting on other pools too). [Unit: second]"""
+        if self._draw_checks > 0:
+            self._rngs_before = global_rngs(type(self._config.dataset))
+        self._events.wait(timeout_s)
+        return self.collect(())
 
     def wake(self) -> None:
         """End a `wait` under way, without an event (safe from any thread)."""

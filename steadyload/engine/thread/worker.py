@@ -24,6 +24,7 @@ from ...per_worker import enter_thread_worker
 from .. import loop, torch_hooks
 from ..config import WorkerConfig
 from ..events import Died, Received
+from ..interrupts import interrupts_allowed
 from ..protocol import Done, Ready, Stop
 from ..status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK, Progress
 from . import sharing
@@ -61,9 +62,10 @@ class WorkerThread:
 
 
 class Outbox:
-    """The worker threads' events, and a socket that turns readable when one is queued while
-    the pool waits for it (`ThreadPool.waitables`), so one poll can wait for threads,
-    processes and a signal together."""
+    """The worker threads' events, with two ways to wait for them: `wait` (threads alone:
+    an event object, no system call) and a socket that turns readable when one is queued
+    while a poll waits for it (`ThreadPool.waitables`), so one poll can wait for threads,
+    processes and a signal together (`HandoverPool`)."""
 
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue[tuple[int, int, object]] = queue.SimpleQueue()
@@ -74,10 +76,26 @@ class Outbox:
         """Whether a wait on the socket may come: only then is a byte sent per event (a
         system call saved otherwise). Arm before looking at the queue one last time, and an
         event queued after that look sends its byte."""
+        self._waiting = False  # `wait` is under way: an event sets `_queued`
+        self._queued = threading.Event()
+
+    def wait(self, timeout_s: float | None) -> None:
+        """Block until an event is queued or ``timeout_s`` passes; dequeues nothing, so a
+        Ctrl-C landing here loses nothing (engine/interrupts.py). [Unit: second]"""
+        self._queued.clear()
+        self._waiting = True  # before the last look: an event queued after it sets the flag
+        try:
+            if self.queue.empty():
+                with interrupts_allowed():
+                    self._queued.wait(timeout_s)
+        finally:
+            self._waiting = False
 
     def put(self, item: tuple[int, int, object]) -> None:
         """Queue an event (any thread)."""
         self.queue.put(item)
+        if self._waiting:
+            self._queued.set()  # a lock release: cheaper than a byte on the socket
         if not self.armed:
             return
         try:
