@@ -25,7 +25,7 @@ def summarize_modules(names: tuple[str, ...], limit: int = 12) -> str:
 
 @dataclass(frozen=True, slots=True)
 class WorkerReport:
-    """One worker process of the latest run."""
+    """One worker of the epoch a report describes."""
 
     worker_id: int
     pid: int | None
@@ -39,7 +39,7 @@ class WorkerReport:
     epoch_uss_bytes: tuple[int, ...] = ()
     """USS at the end of each epoch so far (growth per epoch)."""
     samples: int = 0
-    """Samples it delivered in the latest run (re-runs after a restart count once)."""
+    """Samples it delivered in the epoch (re-runs after a restart count once)."""
     samples_per_s: float | None = None
     """Its loading speed: samples over the time it spent loading them. [Unit: 1/second]"""
     busy_share: float | None = None
@@ -136,7 +136,7 @@ class LoaderReport:
         num_workers_choice: with ``num_workers="auto"``, what was chosen and why.
         worker_type_choice: with ``worker_type="auto"``, threads or processes, and the
             figures that decided it.
-        batches: batches the training loop has taken in the latest run.
+        batches: batches the training loop has taken in the epoch (or epochs).
         wait_s: time the training loop spent inside ``next(loader)``. [Unit: second]
         loop_s: time from the first ``next(loader)`` to the latest return. [Unit: second]
         data_stall_share: ``wait_s / loop_s``: the fraction of the training loop's time

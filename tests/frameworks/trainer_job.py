@@ -106,7 +106,7 @@ def _probe(record: dict[str, Any], kill: bool) -> Any:
 
         def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             base = steadyload_base(kw["train_dataloader"])
-            if base is not None:  # persistent workers: one report for the whole run
+            if base is not None:  # each epoch's restarts, at its end
                 record["restarts"] |= {(r.pid, r.cause) for r in base.report().restarts}
 
         on_train_end = on_epoch_end
