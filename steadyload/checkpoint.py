@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import pickle
 import warnings
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,15 +44,16 @@ STATE_VERSION = 1
 
 
 class EpochProgress:
-    """One epoch's position, kept by the iterator that runs it (and dropped with it).
+    """One epoch's position, kept by the iterator that runs it and by `Checkpoints` until
+    the next epoch begins: a state saved after a ``break`` (the iterator dropped) resumes
+    the rest of the epoch; only StopIteration makes the epoch finished.
 
     The iterator marks each yielded batch in `yielded`, sets `finished` at the epoch's end,
     and, for a stateful IterableDataset with workers, records each worker's stream state
     after its last yielded batch in `streams`.
     """
 
-    __slots__ = ("epoch", "yielded", "finished", "streams", "last_worker", "resume_streams",
-                 "__weakref__")
+    __slots__ = ("epoch", "yielded", "finished", "streams", "last_worker", "resume_streams")
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
@@ -122,7 +122,8 @@ class Checkpoints:
         self._start: EpochStart | None = None
         self._pending: dict[str, Any] | None = None  # loaded, waiting for the next epoch
         self._skip = 0  # batches the next epoch starts after (skip_next_epoch)
-        self._current: weakref.ref[EpochProgress] | None = None
+        self._current: EpochProgress | None = None  # the latest epoch, even once its
+        # iterator is dropped (a loop that broke out): torchdata's StatefulDataLoader keeps it
 
     # -- called by the iterators ---------------------------------------------------------
     def begin_epoch(self, loader: tud.DataLoader[Any], it: Any) -> EpochProgress:
@@ -144,7 +145,7 @@ class Checkpoints:
                 )
                 it._num_yielded = progress.yielded.count
                 progress.resume_streams = pending["stream"]
-                self._current = weakref.ref(progress)
+                self._current = progress
                 return progress
         self.epoch += 1
         progress = EpochProgress(self.epoch)
@@ -152,7 +153,7 @@ class Checkpoints:
             progress.yielded = YieldedBatches(skip)  # counted as yielded: later saves are exact
             it._num_yielded = skip
         self._start = capture(loader, self.epoch, int(it._base_seed))
-        self._current = weakref.ref(progress)
+        self._current = progress
         return progress
 
     def apply_base_seed(self, loader: tud.DataLoader[Any], it: Any) -> None:
@@ -220,7 +221,7 @@ class Checkpoints:
         `save` makes it a state only when asked."""
         if self._pending is not None:
             return Mark(self.epoch, True, 0, frozenset(), None, self._pending, None, None)
-        progress = self._current() if self._current is not None else None
+        progress = self._current
         start = self._start
         if progress is None or start is None or progress.finished:
             # The next epoch draws from the generators as they are now: keep them.

@@ -106,6 +106,30 @@ def test_state_saved_after_an_epoch_ended_starts_the_next() -> None:
     assert_same_batches(first + _epochs(resumed, 2), full)
 
 
+@pytest.mark.parametrize(
+    ("workers", "persistent"), [(0, False), (2, False), (2, True)],
+    ids=["in-process", "workers", "persistent"],
+)
+def test_break_then_state_dict_keeps_the_position(workers: int, persistent: bool) -> None:
+    # The everyday loop (torchdata's StatefulDataLoader users'): break at max_steps (or in a
+    # SIGTERM handler), drop the iterator, then save. Only StopIteration ends the epoch.
+    def make() -> Any:
+        return resume_job.make_loader(workers, persistent)
+
+    full = _epochs(make(), 2)
+    loader = make()
+    got = []
+    for i, batch in enumerate(loader):
+        got.append(batch)
+        if i == 2:
+            break
+    state = loader.state_dict()
+    assert (state["epoch"], state["finished"], state["batches_yielded"]) == (0, False, 3)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert_same_batches(got + _epochs(resumed, 2), full)
+
+
 def test_state_before_any_iteration_and_unchanged_after_load() -> None:
     loader = resume_job.make_loader(0)
     state = loader.state_dict()
