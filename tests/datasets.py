@@ -748,3 +748,33 @@ class BadItemStream(IterableDataset[Any]):
             if self.state == "at":
                 self.position += 1
             yield torch.tensor([i])
+
+
+class ResetsOnIter(IterableDataset[Any]):
+    """A sharded stream whose ``__iter__`` (a plain function, as torchdata's tests write them)
+    resets its position and whose ``load_state_dict`` sets it: a resume must apply the state
+    after ``iter()``, as torchdata's StatefulDataLoader does."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.position = 0
+        self._mine: list[int] = []
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        self._mine = list(range(wid, self.n, nw))
+        self.position = 0
+        return self
+
+    def __next__(self) -> Any:
+        if self.position >= len(self._mine):
+            raise StopIteration
+        self.position += 1
+        return torch.tensor([self._mine[self.position - 1]])

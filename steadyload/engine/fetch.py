@@ -246,8 +246,8 @@ class Fetcher:
                 if state == self._stuck_state:  # the restart got nowhere
                     return _STUCK
                 self._stuck_state = state
+                self._iterator = iter(self._dataset)  # then the state, as on a resume
                 self._dataset.load_state_dict(pickle.loads(state))
-                self._iterator = iter(self._dataset)
                 return None
             except Exception as exc:
                 return f"restarting it from its state_dict() raised {type(exc).__name__}: {exc}"

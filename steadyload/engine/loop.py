@@ -126,10 +126,12 @@ def run(
                 ended = False
                 if init_error is None:
                     try:
-                        if isinstance(msg, Restore):
-                            # Resume the stream where the dead worker's last batch ended.
-                            dataset.load_state_dict(pickle.loads(msg.state))
                         fetcher = new_fetcher()
+                        if isinstance(msg, Restore):
+                            # Resume the stream where the dead worker's last batch ended:
+                            # after iter(dataset), as torchdata's StatefulDataLoader does, so
+                            # an __iter__ that resets the position does not undo the state.
+                            dataset.load_state_dict(pickle.loads(msg.state))
                     except Exception as exc:
                         init_error = (exc, "in iter(dataset)")
                 continue

@@ -39,10 +39,6 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
                 "use workers."
             )
         self._progress = checkpoints.begin_epoch(loader, self)
-        resume = self._progress.resume_streams
-        if resume is not None:
-            dataset: Any = self._dataset
-            dataset.load_state_dict(pickle.loads(resume["workers"][-1]))
         self._seeder = SampleSeeder(int(self._base_seed)) if options.sample_seeds else None
         if self._seeder is not None:
             self._seeder.epoch = self._progress.epoch
@@ -51,6 +47,10 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
             self._collate_fn, self._drop_last, skip_errors=options.on_error == "skip",
             seeder=self._seeder, stateful_stream=stateful(self._dataset),
         )  # fmt: skip
+        resume = self._progress.resume_streams
+        if resume is not None:  # after iter(dataset) (the fetcher's), as in the workers
+            dataset: Any = self._dataset
+            dataset.load_state_dict(pickle.loads(resume["workers"][-1]))
         self.record = RunRecord("in-process", None, (), history)
         self.record.epoch = self._progress.epoch
         self._guard = SkipGuard()

@@ -18,7 +18,7 @@ from torch.utils.data import DistributedSampler, Sampler
 import steadyload
 from tests import resume_job
 from tests.compare import assert_same_batches
-from tests.datasets import MapDS, StatefulStream
+from tests.datasets import MapDS, ResetsOnIter, StatefulStream
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,6 +128,22 @@ def test_break_then_state_dict_keeps_the_position(workers: int, persistent: bool
     resumed = make()
     resumed.load_state_dict(state)
     assert_same_batches(got + _epochs(resumed, 2), full)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_whose_iter_resets_its_position_resumes_where_it_stood(workers: int) -> None:
+    def make() -> Any:
+        return steadyload.DataLoader(ResetsOnIter(30), batch_size=4, num_workers=workers)
+
+    full = list(make())
+    loader = make()
+    it = iter(loader)
+    got = [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert_same_batches(got + list(resumed), full)
 
 
 def test_state_before_any_iteration_and_unchanged_after_load() -> None:
