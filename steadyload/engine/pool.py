@@ -121,8 +121,7 @@ def wait_any(pools: Sequence[WorkerPool], timeout_s: float | None) -> list[tuple
     The poll is the one place Ctrl-C may land (engine/interrupts.py). [Unit: second]"""
     armed = [pool.waitables() for pool in pools]  # each pool armed before it is asked
     queued = [pool.pending() for pool in pools]
-    if any(queued):  # collect those now: poll only the others, without waiting (and a
-        # thread pool alone, its events queued, costs no system call)
+    if any(queued):  # collect those now: poll only the others, without waiting
         timeout_s = 0.0
         armed = [objs for objs, q in zip(armed, queued, strict=True) if not q]
     watched = [obj for objs in armed for obj in objs]

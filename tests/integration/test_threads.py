@@ -159,6 +159,10 @@ def test_sample_seeds_make_the_workers_own_draws_independent_of_the_layout() -> 
 
 class DrawsGlobally(MapDS):
     def __getitem__(self, i: int) -> Any:
+        # Slow enough that the training loop is waiting for this batch when the draw comes
+        # (draws are checked over the loop's waits); instant samples could all be loaded
+        # while the loop was busy elsewhere, on a fast or a loaded machine.
+        time.sleep(0.02)
         return torch.rand(1)
 
 

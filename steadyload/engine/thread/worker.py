@@ -63,7 +63,7 @@ class WorkerThread:
 
 class Outbox:
     """The worker threads' events, with two ways to wait for them: `wait` (threads alone:
-    an event object, no system call) and a socket that turns readable when one is queued
+    an event object, no byte sent per event) and a socket that turns readable when one is queued
     while a poll waits for it (`ThreadPool.waitables`), so one poll can wait for threads,
     processes and a signal together (`HandoverPool`)."""
 
