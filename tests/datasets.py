@@ -607,6 +607,13 @@ class OpensFiles(Dataset[Any]):
         return torch.tensor([i])
 
 
+def worker_shard(n: int) -> list[int]:
+    """Rows ``0..n-1`` of this worker's shard of a stream (every ``num_workers``-th row)."""
+    info = get_worker_info()
+    wid, nw = (info.id, info.num_workers) if info else (0, 1)
+    return list(range(wid, n, nw))
+
+
 class StatefulStream(IterableDataset[Any]):
     """A sharded stream that can resume: its position is its state. Kills itself once."""
 
@@ -621,9 +628,7 @@ class StatefulStream(IterableDataset[Any]):
         self.position = state["position"]
 
     def __iter__(self) -> Any:
-        info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info else (0, 1)
-        mine = list(range(wid, self.n, nw))
+        mine = worker_shard(self.n)
         while self.position < len(mine):
             i = mine[self.position]
             if i == self.kill_at:
@@ -734,9 +739,7 @@ class BadItemStream(IterableDataset[Any]):
         self.position = state["position"]
 
     def __iter__(self) -> Any:
-        info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info else (0, 1)
-        mine = list(range(wid, self.n, nw))
+        mine = worker_shard(self.n)
         if self.state == "none":
             self.position = 0
         while self.position < len(mine):
@@ -767,9 +770,7 @@ class ResetsOnIter(IterableDataset[Any]):
         self.position = state["position"]
 
     def __iter__(self) -> Any:
-        info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info else (0, 1)
-        self._mine = list(range(wid, self.n, nw))
+        self._mine = worker_shard(self.n)
         self.position = 0
         return self
 
