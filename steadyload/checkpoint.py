@@ -1,5 +1,6 @@
 """Mid-epoch checkpoint and resume: what `DataLoader.state_dict` saves and
-`load_state_dict` restores, and the per-epoch bookkeeping the iterators keep for it.
+`load_state_dict` restores (the format, its validation, the base seed); the per-epoch
+bookkeeping the iterators keep for it is `progress.py`.
 
 What decides an epoch's batches is small (`epoch_order.py`): the random generators the
 sampler draws from, as they were when the epoch began, and how many batches were yielded
@@ -8,17 +9,16 @@ samples. The number of workers plays no part (dispatch never changes which batch
 so a run saved with 2 workers resumes with 0, 1 or 3.
 
 Samplers: torch's own (and plain lists/ranges of indices) are replayed; a sampler with
-``state_dict``/``load_state_dict`` is saved through them at the start of each epoch; any
-other sampler cannot be replayed faithfully and `Checkpoints.save` says so. An
-IterableDataset with ``state_dict``/``load_state_dict`` is saved per worker (its stream is
-split between workers by the dataset itself, so resuming needs the same ``num_workers``).
-See docs/design/resume.md.
+``state_dict``/``load_state_dict`` (or whose iterator has them) is saved through them at
+the start of each epoch; any other sampler cannot be replayed faithfully and
+`Checkpoints.save` says so. A dataset with its own state (a stream, or its iterator; a
+Stateful map-style dataset) is saved per worker (`progress.py`), so resuming it needs the
+same ``num_workers``. See docs/design/resume.md.
 """
 
 from __future__ import annotations
 
 import copy
-import pickle
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -26,53 +26,31 @@ from typing import Any
 import torch
 import torch.utils.data as tud
 
-from .engine.fetch import ITERABLE
+from .engine.fetch import ITERABLE, restore_replica
 from .epoch_order import (
     EpochStart,
     Indices,
     YieldedBatches,
     capture,
+    encode_rng,
+    load_samplers,
     not_replayable,
     replay,
-    rng_states,
+    sampler_iterator,
     set_generators,
-    stateful,
 )
+from .progress import EpochProgress, fail, persistent, replica_positions, saved_positions
 
 STATE_FORMAT = "steadyload.DataLoader"
-STATE_VERSION = 1
-
-
-class EpochProgress:
-    """One epoch's position, kept by the iterator that runs it and by `Checkpoints` until
-    the next epoch begins: a state saved after a ``break`` (the iterator dropped) resumes
-    the rest of the epoch; only StopIteration makes the epoch finished.
-
-    The iterator marks each yielded batch in `yielded`, sets `finished` at the epoch's end,
-    and, for a stateful IterableDataset with workers, records each worker's stream state
-    after its last yielded batch in `streams`.
-    """
-
-    __slots__ = ("epoch", "yielded", "finished", "streams", "last_worker", "resume_streams")
-
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-        """The loader's epoch number (0 for the first)."""
-        self.yielded = YieldedBatches()
-        self.finished = False
-        self.streams: dict[int, bytes] = {}
-        """worker id -> pickled stream state after that worker's last yielded batch."""
-        self.last_worker: int | None = None
-        """The worker whose batch was yielded last (dispatch resumes after it)."""
-        self.resume_streams: dict[str, Any] | None = None
-        """A loaded stream position for the iterator to restore, then clear."""
+STATE_VERSION = 2  # 2: JSON-able (generator states as text, stream positions as objects)
 
 
 @dataclass(frozen=True, slots=True)
 class Mark:
     """Where a loader stood at one moment (`Checkpoints.mark`); `Checkpoints.save` makes it
-    a state. ``start`` is set for a mark in the middle of an epoch, ``pending`` for a loaded
-    state not yet used, ``rng`` for a mark between epochs (the generators then);
+    a state. ``start`` is what decided the epoch in progress or, between epochs, what
+    decides the next (the generators and samplers now); ``pending`` is a loaded state not
+    yet used; ``positions`` are the dataset replicas' (`progress.replica_positions`);
     ``unsaveable`` says why a stream's position at the mark cannot be saved."""
 
     epoch: int
@@ -81,18 +59,9 @@ class Mark:
     beyond: frozenset[int]
     start: EpochStart | None
     pending: dict[str, Any] | None
-    rng: dict[str, torch.Tensor] | None
-    stream: dict[str, Any] | None
+    positions: dict[str, Any] | None
     base_seed: int | None = None
     unsaveable: str | None = None
-
-
-def _persistent(loader: tud.DataLoader[Any]) -> bool:
-    return bool(loader.persistent_workers and loader.num_workers > 0)
-
-
-def _fail(what: str, why: str, fix: str) -> ValueError:
-    return ValueError(f"{what}\nWhy: {why}\nFix: {fix}")
 
 
 _REPLAY_WHY_FIX = (  # a sampler whose order cannot be re-created
@@ -122,6 +91,7 @@ class Checkpoints:
         self._start: EpochStart | None = None
         self._pending: dict[str, Any] | None = None  # loaded, waiting for the next epoch
         self._skip = 0  # batches the next epoch starts after (skip_next_epoch)
+        self._caller_rng: tuple[torch.Generator | None, torch.Tensor] | None = None
         self._current: EpochProgress | None = None  # the latest epoch, even once its
         # iterator is dropped (a loop that broke out): torchdata's StatefulDataLoader keeps it
 
@@ -135,45 +105,77 @@ class Checkpoints:
         """
         pending, self._pending = self._pending, None
         skip, self._skip = self._skip, 0
-        it._sampler_iter = Indices(it._sampler_iter, skip=YieldedBatches(skip) if skip else None)
-        if pending is not None:
-            self._apply_base_seed(loader, it, pending)
-            if not pending["finished"]:
-                progress = EpochProgress(self.epoch)
-                self._start, it._sampler_iter, progress.yielded = replay(
-                    loader, it._index_sampler, pending, int(it._base_seed)
-                )
-                it._num_yielded = progress.yielded.count
-                progress.resume_streams = pending["stream"]
-                self._current = progress
-                return progress
+        self._apply_base_seed(it, pending)
+        if pending is not None and not pending["finished"]:
+            progress = EpochProgress(self.epoch)
+            self._start, it._sampler_iter, progress.yielded = replay(
+                loader, it._index_sampler, pending, int(it._base_seed)
+            )
+            it._num_yielded = progress.yielded.count
+            progress.resume_streams = pending["dataset_states"]
+            self._current = progress
+            return progress
         self.epoch += 1
         progress = EpochProgress(self.epoch)
+        if pending is not None:  # saved between epochs (its generators: before_iterator)
+            progress.resume_streams = pending["dataset_states"]
+        source, held = sampler_iterator(loader, it._index_sampler, it._sampler_iter)
+        it._sampler_iter = Indices(source, skip=YieldedBatches(skip) if skip else None)
         if skip:
             progress.yielded = YieldedBatches(skip)  # counted as yielded: later saves are exact
             it._num_yielded = skip
-        self._start = capture(loader, self.epoch, int(it._base_seed))
+        self._start = capture(loader, self.epoch, int(it._base_seed), held)
+        # The sampler draws now, at iter(), as with workers (torch's in-process loading
+        # draws at the first next()): the draws then come in the same order in a resumed
+        # run, whose replay draws here too, before a saved dataset state is restored.
+        it._sampler_iter.prime()
         self._current = progress
         return progress
 
+    def before_iterator(self, loader: tud.DataLoader[Any]) -> None:
+        """Called before torch's iterator draws its base seed (from ``generator=``, else the
+        global generator).
+
+        A state loaded from between epochs puts the generators (and a Stateful sampler) back
+        as they were when it was saved, so that the base seed and the order are drawn as
+        the saving run drew them; the global generator too when the loader draws from it
+        (no ``generator=``): as restoring it from the checkpoint would. When a saved seed
+        replaces torch's (mid-epoch; persistent workers keep theirs), the saving run had
+        drawn it before the save: the new draw is undone as the seed is applied (before a
+        saved dataset position, which may set the global generator itself)."""
+        pending = self._pending
+        if pending is not None and pending["finished"]:
+            set_generators(loader, pending["rng"], include_global=loader.generator is None)
+            load_samplers(loader, pending["samplers"])
+            saved = pending["dataset_states"]
+            if saved is not None and loader.num_workers == 0:
+                # The dataset object the saving run went on with, as it was at the save:
+                # before the draws (its state may be a generator's; in workers it is not ours)
+                restore_replica(loader._dataset_kind, loader.dataset, saved["workers"][0])
+                pending["dataset_states"] = None
+        gen = loader.generator
+        self._caller_rng = None
+        if self.replaces_base_seed():
+            self._caller_rng = (gen, gen.get_state() if gen is not None else torch.get_rng_state())
+
     def apply_base_seed(self, loader: tud.DataLoader[Any], it: Any) -> None:
         """Give a resumed iterator the saved base seed (before its workers are configured)."""
-        if self._pending is not None:
-            self._apply_base_seed(loader, it, self._pending)
+        self._apply_base_seed(it, self._pending)
 
-    def replaces_base_seed(self, loader: tud.DataLoader[Any]) -> bool:
-        """Whether the next iterator's base seed will be the loaded state's, not its own."""
-        return self._pending is not None and self._uses_saved_seed(loader, self._pending)
+    def replaces_base_seed(self) -> bool:
+        """Whether the next iterator's base seed will be a saved one, not its own draw."""
+        return self._pending is not None and self._pending["base_seed"] is not None
 
-    @staticmethod
-    def _uses_saved_seed(loader: tud.DataLoader[Any], state: dict[str, Any]) -> bool:
-        # Mid-epoch, the saved epoch's seed; persistent workers keep one for their life.
-        return state["base_seed"] is not None and (not state["finished"] or _persistent(loader))
-
-    @classmethod
-    def _apply_base_seed(cls, loader: tud.DataLoader[Any], it: Any, state: dict[str, Any]) -> None:
-        if cls._uses_saved_seed(loader, state):
-            it._base_seed = state["base_seed"]
+    def _apply_base_seed(self, it: Any, saved: dict[str, Any] | None) -> None:
+        if saved is not None and saved["base_seed"] is not None:
+            it._base_seed = saved["base_seed"]
+        if self._caller_rng is not None:  # undo torch's draw (before_iterator)
+            gen, state = self._caller_rng
+            if gen is not None:
+                gen.set_state(state)
+            else:
+                torch.set_rng_state(state)
+            self._caller_rng = None
 
     def for_twin(self) -> Checkpoints:
         """The run's position for a loader that replaces this one (`DataLoader.from_loader`):
@@ -220,35 +222,38 @@ class Checkpoints:
         """Where the loader stands now, cheaply (a few µs: frameworks take one per batch);
         `save` makes it a state only when asked."""
         if self._pending is not None:
-            return Mark(self.epoch, True, 0, frozenset(), None, self._pending, None, None)
+            return Mark(self.epoch, True, 0, frozenset(), None, self._pending, None)
         progress = self._current
         start = self._start
         if progress is None or start is None or progress.finished:
-            # The next epoch draws from the generators as they are now: keep them.
-            seed = start.base_seed if start is not None else None
-            return Mark(
-                self.epoch, True, 0, frozenset(), None, None, rng_states(loader), None, seed
-            )
+            # The next epoch draws from the generators as they are now: keep them (and a
+            # Stateful sampler's state). Its base seed: persistent workers keep theirs;
+            # else it is drawn from those generators when the epoch begins.
+            alive = persistent(loader) and loader._iterator is not None and start is not None
+            seed = start.base_seed if alive and start else None
+            now = capture(loader, self.epoch, 0, None)  # (its base_seed unused: ``seed``)
+            ended = None if progress is None else replica_positions(loader, progress, ended=True)
+            return Mark(self.epoch, True, 0, frozenset(), now, None, ended, seed)
         yielded = progress.yielded
-        stream, unsaveable = None, None
-        if loader._dataset_kind == ITERABLE:
-            try:
-                stream = _stream_state(loader, progress, finished=False)
-            except ValueError as exc:  # said by save(), when a state is asked for
-                unsaveable = str(exc)
+        positions, unsaveable = None, None
+        try:
+            positions = replica_positions(loader, progress, ended=False)
+        except ValueError as exc:  # said by save(), when a state is asked for
+            unsaveable = str(exc)
         return Mark(
-            self.epoch, False, yielded.prefix, frozenset(yielded.beyond), start, None, None,
-            stream, start.base_seed, unsaveable,
+            self.epoch, False, yielded.prefix, frozenset(yielded.beyond), start, None, positions,
+            start.base_seed, unsaveable,
         )  # fmt: skip
 
     def save(self, loader: tud.DataLoader[Any], at: Mark | None = None) -> dict[str, Any]:
         """`DataLoader.state_dict`: the loader's position (now, or at a `mark`), as plain
-        Python and tensors."""
-        reason = not_replayable(loader)
-        if reason is not None:
-            raise _fail("steadyload cannot save this DataLoader's position: " + reason + ".",
-                        *_REPLAY_WHY_FIX)
+        Python (JSON-able when the dataset's own states are)."""
         at = at if at is not None else self.mark(loader)
+        known = self._start if at.finished else at.start  # between epochs: the last epoch's
+        reason = not_replayable(loader, known.samplers if known is not None else {})
+        if reason is not None and at.pending is None:
+            raise fail("steadyload cannot save this DataLoader's position: " + reason + ".",
+                        *_REPLAY_WHY_FIX)
         if at.unsaveable is not None:
             raise ValueError(at.unsaveable)  # a fresh error each time: no growing traceback
         if at.pending is not None:
@@ -262,28 +267,30 @@ class Checkpoints:
             "batches_yielded": at.prefix,
             "yielded_beyond": sorted(at.beyond),
             "base_seed": at.base_seed,
-            "rng": {k: v.clone() for k, v in (at.rng or {}).items()},
+            "rng": {},
             "samplers": {},
             "distributed_epoch": None,
             "dataset_len": _dataset_len(loader),
             "batch_size": loader.batch_size,
             "drop_last": loader.drop_last,
             "num_workers": loader.num_workers,
-            "persistent": _persistent(loader),
-            "stream": at.stream,
+            "persistent": persistent(loader),
+            "dataset_states": (
+                saved_positions(loader, at.positions) if at.positions is not None else None
+            ),
         }
-        if start is not None:  # mid-epoch: what decided the epoch, as it began
+        if start is not None:  # what decided the epoch as it began, or decides the next
             state.update(
-                rng={k: v.clone() for k, v in start.rng.items()},
+                rng={k: encode_rng(v) for k, v in start.rng.items()},
                 samplers=copy.deepcopy(start.samplers),
-                distributed_epoch=start.distributed_epoch,
+                distributed_epoch=None if at.finished else start.distributed_epoch,
             )
         return state
 
     def load(self, loader: tud.DataLoader[Any], state: Any) -> None:
         """`DataLoader.load_state_dict`: validate ``state``; the next epoch resumes it."""
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise _fail(
+            raise fail(
                 "load_state_dict() expects the dict that steadyload.DataLoader.state_dict() "
                 f"returned, got {type(state).__name__}"
                 + (f" with keys {list(state)[:8]}" if isinstance(state, dict) else "") + ".",
@@ -292,7 +299,7 @@ class Checkpoints:
             )
         version = state.get("version")
         if version != STATE_VERSION:
-            raise _fail(
+            raise fail(
                 f"this loader state has version {version!r}; this steadyload reads version "
                 f"{STATE_VERSION}.",
                 "the state was written by a different steadyload release.",
@@ -303,60 +310,36 @@ class Checkpoints:
             ("drop_last", loader.drop_last),
         ):  # fmt: skip
             if state[key] != now:
-                raise _fail(
+                raise fail(
                     f"the saved loader had {key}={state[key]!r}, this one has {now!r}.",
                     "the remaining batches of the saved epoch would be different ones.",
                     "build the loader with the same dataset and arguments as the saved one.",
                 )
-        if state["stream"] is not None and state["num_workers"] != loader.num_workers:
-            raise _fail(
-                f"this IterableDataset was saved mid-epoch with num_workers="
-                f"{state['num_workers']}, and this loader has num_workers={loader.num_workers}.",
-                "an IterableDataset splits its stream between workers itself, so each worker's "
-                "position only means something with the same number of workers.",
+        if state["dataset_states"] is not None and state["num_workers"] != loader.num_workers:
+            raise fail(
+                f"this loader state holds the dataset's own state (state_dict()) per worker, "
+                f"saved with num_workers={state['num_workers']}, and this loader has "
+                f"num_workers={loader.num_workers}.",
+                "each worker has its own replica of the dataset (an IterableDataset also splits "
+                "its stream between them), so a worker's state only means something with the "
+                "same number of workers.",
                 f"resume with num_workers={state['num_workers']}.",
             )
-        if state["persistent"] != _persistent(loader):
+        if state["persistent"] != persistent(loader):
             warnings.warn(
                 "this loader state was saved by a loader "
                 f"{'with' if state['persistent'] else 'without'} persistent workers and is loaded "
-                f"into one {'with' if _persistent(loader) else 'without'}: the rest of the saved "
+                f"into one {'with' if persistent(loader) else 'without'}: the rest of the saved "
                 "epoch is the same, but later epochs will differ from the uninterrupted run, "
                 "because torch draws a new base seed at each epoch only without persistent "
                 "workers (and shuffling draws after it). Use the same persistent_workers "
                 "setting (and num_workers > 0 with it) to continue identically.",
                 UserWarning, stacklevel=3,
             )
-        reason = not_replayable(loader)
+        reason = not_replayable(loader, state["samplers"])
         if reason is not None and not state["finished"]:
-            raise _fail("steadyload cannot resume this DataLoader mid-epoch: " + reason + ".",
+            raise fail("steadyload cannot resume this DataLoader mid-epoch: " + reason + ".",
                         *_REPLAY_WHY_FIX)
         self.epoch = state["epoch"]
         self._pending = copy.deepcopy(state)
         self._skip = 0  # the loaded position supersedes a requested skip
-        if state["finished"]:
-            # The next epoch draws from the generators as they were when the state was saved.
-            set_generators(loader, state["rng"], include_global=False)
-
-
-def _stream_state(
-    loader: tud.DataLoader[Any], progress: EpochProgress | None, finished: bool
-) -> dict[str, Any] | None:
-    dataset = loader.dataset
-    if not stateful(dataset):
-        if finished:
-            return None
-        raise _fail(
-            f"steadyload cannot save the position of {type(dataset).__qualname__} mid-epoch: "
-            "it is an IterableDataset without state_dict()/load_state_dict().",
-            "a stream cannot be replayed from its start without reading it again, and "
-            "steadyload will not guess where it stood.",
-            "give the dataset state_dict()/load_state_dict() (its position in the stream), "
-            "or checkpoint only at the end of an epoch.",
-        )
-    if finished:
-        return None
-    if loader.num_workers == 0:
-        return {"workers": {-1: pickle.dumps(dataset.state_dict())}}  # type: ignore[attr-defined]
-    assert progress is not None
-    return {"workers": dict(progress.streams), "last_worker": progress.last_worker}

@@ -11,6 +11,7 @@ which batches were yielded (`YieldedBatches`). Used by `checkpoint.py`
 
 from __future__ import annotations
 
+import base64
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data.distributed import DistributedSampler
 
-from .engine.fetch import ITERABLE
+from .engine.fetch import ITERABLE, stateful
 
 GLOBAL = "torch.global"  # key of torch's default CPU generator in the saved RNG states
 
@@ -38,13 +39,6 @@ _KNOWN_WRAPPERS = frozenset({
     "accelerate.data_loader.SeedableRandomSampler",  # reseeds from initial_seed + epoch
 })
 _MAX_DEPTH = 4
-
-
-def stateful(obj: Any) -> bool:
-    """Whether ``obj`` has ``state_dict()`` and ``load_state_dict()`` (a sampler or a stream)."""
-    return callable(getattr(obj, "state_dict", None)) and callable(
-        getattr(obj, "load_state_dict", None)
-    )
 
 
 def _qualname(obj: Any) -> str:
@@ -75,23 +69,68 @@ def _chain(loader: tud.DataLoader[Any]) -> list[tuple[str, Any]]:
     return out
 
 
-def not_replayable(loader: tud.DataLoader[Any]) -> str | None:
-    """Why the loader's sampler cannot be resumed, or None when it can."""
+ITERATOR = ".__iter__"  # a sampler path + this: the state of that sampler's iterator
+
+
+def _replayable(obj: Any) -> bool:
+    return (
+        stateful(obj) or type(obj) in _REPLAYABLE or _qualname(obj) in _KNOWN_WRAPPERS
+        or isinstance(obj, (list, tuple, range))
+    )  # fmt: skip
+
+
+def not_replayable(loader: tud.DataLoader[Any], samplers: dict[str, Any]) -> str | None:
+    """Why the loader's sampler cannot be resumed, or None when it can. ``samplers`` are
+    the saved sampler states of the epoch (a Stateful sampler iterator's among them)."""
     if loader._dataset_kind == ITERABLE:  # the sampler only counts items
         return None
     for path, obj in _chain(loader):
-        if stateful(obj):
+        if stateful(obj) or path + ITERATOR in samplers:
             return None  # saved through its own state_dict (it covers what it wraps)
-        if type(obj) in _REPLAYABLE or _qualname(obj) in _KNOWN_WRAPPERS:
-            continue
-        if isinstance(obj, (list, tuple, range)):
+        if _replayable(obj):
             continue
         return (
             f"the loader's {path} is a {_qualname(obj)}, which is neither one of torch's "
             "samplers (whose order steadyload can replay from their random generator) nor "
-            "has state_dict()/load_state_dict()"
+            "has state_dict()/load_state_dict() (itself or the iterator it returns)"
         )
     return None
+
+
+class _Given:
+    """A sampler whose iterator exists already: torch's BatchSampler batches it."""
+
+    def __init__(self, iterator: Iterator[Any]) -> None:
+        self._iterator = iterator
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._iterator
+
+
+def sampler_iterator(
+    loader: tud.DataLoader[Any], index_sampler: Any, created: Iterator[Any]
+) -> tuple[Iterator[Any], tuple[str, Any] | None]:
+    """The epoch's iterator over index batches, made so that the iterator of a sampler
+    steadyload cannot replay is reachable when it is Stateful (torchdata's protocol one level
+    down: a sampler whose ``__iter__`` returns an object with ``state_dict()``).
+
+    ``created`` is the iterator torch made (``iter(index_sampler)``); for torch's
+    BatchSampler over such a sampler it is replaced by the same batching over an iterator
+    of the sampler made here. Returns the iterator and (its path, the Stateful iterator).
+    """
+    if loader._dataset_kind == ITERABLE:
+        return created, None
+    if type(index_sampler) is tud.BatchSampler:
+        if _replayable(index_sampler.sampler):
+            return created, None
+        inner = iter(index_sampler.sampler)
+        batches = tud.BatchSampler(_Given(inner), index_sampler.batch_size, index_sampler.drop_last)
+        held = ("batch_sampler.sampler", inner) if stateful(inner) else None
+        return iter(batches), held
+    if _replayable(index_sampler):
+        return created, None
+    path = "batch_sampler" if loader._auto_collation else "sampler"
+    return created, ((path, created) if stateful(created) else None)
 
 
 def _generators(loader: tud.DataLoader[Any]) -> dict[str, torch.Generator]:
@@ -114,15 +153,32 @@ def rng_states(loader: tud.DataLoader[Any]) -> dict[str, torch.Tensor]:
     return states
 
 
+def encode_rng(state: torch.Tensor) -> str:
+    """A generator's state as text (base64), so that a loader state is JSON-able."""
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def _decode_rng(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
 def set_generators(
-    loader: tud.DataLoader[Any], states: dict[str, torch.Tensor], *, include_global: bool
+    loader: tud.DataLoader[Any], states: dict[str, Any], *, include_global: bool
 ) -> None:
-    """Put the loader's generators (and, if asked, torch's global one) back to ``states``."""
+    """Put the loader's generators (and, if asked, torch's global one) back to ``states``
+    (`encode_rng`'s text)."""
     for path, gen in _generators(loader).items():
         if path in states:
-            gen.set_state(states[path])
+            gen.set_state(_decode_rng(states[path]))
     if include_global:
-        torch.set_rng_state(states[GLOBAL])
+        torch.set_rng_state(_decode_rng(states[GLOBAL]))
+
+
+def load_samplers(loader: tud.DataLoader[Any], samplers: dict[str, Any]) -> None:
+    """Give the loader's Stateful samplers their saved states (`EpochStart.samplers`)."""
+    for path, obj in _chain(loader):
+        if path in samplers:
+            obj.load_state_dict(copy.deepcopy(samplers[path]))
 
 
 @dataclass(slots=True)
@@ -137,13 +193,18 @@ class EpochStart:
     distributed_epoch: int | None
 
 
-def capture(loader: tud.DataLoader[Any], epoch: int, base_seed: int) -> EpochStart:
-    """What decides the epoch that begins now (call before its sampler draws)."""
+def capture(
+    loader: tud.DataLoader[Any], epoch: int, base_seed: int, held: tuple[str, Any] | None
+) -> EpochStart:
+    """What decides the epoch that begins now (call before its sampler draws); ``held`` is
+    `sampler_iterator`'s Stateful sampler iterator, if any."""
     samplers = {}
     for path, obj in _chain(loader):
         if stateful(obj):
             samplers[path] = copy.deepcopy(obj.state_dict())
             break
+    if held is not None:
+        samplers[held[0] + ITERATOR] = copy.deepcopy(held[1].state_dict())
     sampler = loader.sampler
     return EpochStart(
         epoch=epoch,
@@ -239,14 +300,15 @@ def replay(
     """
     caller_rng = torch.get_rng_state()
     set_generators(loader, state["rng"], include_global=True)
-    for path, obj in _chain(loader):
-        if path in state["samplers"]:
-            obj.load_state_dict(copy.deepcopy(state["samplers"][path]))
+    load_samplers(loader, state["samplers"])
     if state["distributed_epoch"] is not None and isinstance(loader.sampler, DistributedSampler):
         loader.sampler.set_epoch(state["distributed_epoch"])
-    start = capture(loader, state["epoch"], base_seed)
+    source, held = sampler_iterator(loader, index_sampler, iter(index_sampler))
+    if held is not None and held[0] + ITERATOR in state["samplers"]:
+        held[1].load_state_dict(copy.deepcopy(state["samplers"][held[0] + ITERATOR]))
+    start = capture(loader, state["epoch"], base_seed, held)
     yielded = YieldedBatches(state["batches_yielded"], set(state["yielded_beyond"]))
-    indices = Indices(iter(index_sampler), skip=yielded)
+    indices = Indices(source, skip=yielded)
     indices.prime()
     torch.set_rng_state(caller_rng)
     return start, indices, YieldedBatches(yielded.prefix, set(yielded.beyond))

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch.utils.data
 
 from ._system import parse_bytes
+from .arguments import checked_snapshot_steps, torch_arguments
 from .checkpoint import Checkpoints, Mark
 from .engine.choice.worker_kind import WorkerChoice, static_choice
 from .engine.factory import THREADS, PoolPlan
@@ -29,14 +30,6 @@ from .start.context import StartInfo, resolve_context, warms_in_background
 from .worker_count import AutoChoice, resolve_num_workers
 
 _T_co = TypeVar("_T_co", covariant=True)
-
-# What torch keeps on a DataLoader of its arguments besides the dataset and the sampling.
-_TORCH_ATTRIBUTES = (
-    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
-    "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
-    "pin_memory_device", "in_order",
-)  # fmt: skip
-
 
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in `torch.utils.data.DataLoader` whose workers are supervised and fork-safe.
@@ -110,8 +103,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             measures how busy they keep the GIL, and hands over to processes if it is
             (`report()` gives the figures). See docs/guide/threads.md.
 
+    ``snapshot_every_n_steps`` is torchdata's ``StatefulDataLoader`` keyword, accepted so
+    that switching is a one-line change: steadyload's `state_dict` is exact after every
+    batch whatever it is (each batch carries its worker's stream position), so it changes
+    nothing.
+
     Raises:
-        ValueError: for the argument combinations torch rejects, with torch's messages.
+        ValueError: for the argument combinations torch rejects, with torch's messages, and
+            a ``snapshot_every_n_steps`` that is not an int >= 0 (or None).
         UnsafeForkError: ``start_method="zygote"`` must fork the zygote now, and this
             process holds a CUDA/ROCm context.
     """
@@ -136,6 +135,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
+        snapshot_every_n_steps: int | None = 1,
         start_method: str = "auto",
         max_restarts: int = 3,
         on_error: str = "raise",
@@ -150,6 +150,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             persistent_workers,
         )
         self._auto: AutoChoice | None = auto
+        self.snapshot_every_n_steps = checked_snapshot_steps(snapshot_every_n_steps)
         # Public attributes named like the parameters: frameworks that rebuild a loader from
         # its attributes (Lightning: type(loader)(**vars(loader))) keep the options.
         self.start_method = start_method
@@ -240,14 +241,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 f"DataLoader.from_loader needs a torch.utils.data.DataLoader, got "
                 f"{type(loader).__module__}.{type(loader).__qualname__}"
             )
-        kwargs: dict[str, Any] = {name: getattr(loader, name) for name in _TORCH_ATTRIBUTES}
-        kwargs["dataset"] = loader.dataset
-        if isinstance(loader.dataset, torch.utils.data.IterableDataset):
-            kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
-        elif loader.batch_sampler is not None:
-            kwargs["batch_sampler"] = loader.batch_sampler
-        else:
-            kwargs.update(batch_size=None, sampler=loader.sampler)
+        kwargs = torch_arguments(loader)
         source = loader if isinstance(loader, DataLoader) else None
         if source is not None:
             kwargs.update(options_of(source))
@@ -310,15 +304,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def _get_iterator(self) -> Any:
         self._options = self._checked_options()  # the attributes may have been set since
-        # Without ``generator=``, torch draws each new iterator's base seed from the global
-        # generator. When a loaded state's seed replaces it, the uninterrupted run made that
-        # draw before the save: undo it, so that the caller's generator, restored from the
-        # same checkpoint, goes on as it would have (the later epochs are the same).
-        global_rng = (
-            torch.get_rng_state()
-            if self.generator is None and self._checkpoints.replaces_base_seed(self)
-            else None
-        )
+        self._checkpoints.before_iterator(self)  # a resume undoes the base seed's draw
         iterator: InProcessIterator | WorkerIterator
         if self.num_workers == 0:
             iterator = InProcessIterator(self, self._options, self._checkpoints, self._history)
@@ -327,8 +313,6 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             if plan.kind == "process":  # "auto" may have chosen threads
                 self.check_worker_number_rationality()
             iterator = WorkerIterator(self, self._options, plan, self._checkpoints, self._history)
-        if global_rng is not None:
-            torch.set_rng_state(global_rng)
         self._last_run = iterator.record
         iterator.record.periodic = self._report_every
         iterator.record.num_workers_choice = self._auto.reason if self._auto else None
@@ -339,21 +323,24 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def state_dict(self) -> dict[str, Any]:
         """The loader's position, to save with the model (torchdata's Stateful protocol).
 
-        Plain Python and tensors (``torch.save``-able, a few kB), versioned: the epoch
-        number, how many of its batches were yielded, the base seed, and the state of the
-        random generators the sampler draws from as they were when the epoch began. A new
-        loader (same dataset and arguments, any ``num_workers``) given it with
-        `load_state_dict` yields exactly the batches this one had not yet yielded, in the
-        same order, then the following epochs as an uninterrupted run would.
+        Plain Python (JSON-able when your dataset's own states are; a few kB), versioned:
+        the epoch number, how many of its batches were yielded, the base seed, and the
+        state of the random generators the sampler draws from as they were when the epoch
+        began (between epochs: as they are). A new loader (same dataset and arguments)
+        given it with `load_state_dict` yields exactly the batches this one had not yet
+        yielded, in the same order, then the following epochs as an uninterrupted run
+        would. A dataset, iterator, sampler or sampler iterator with ``state_dict()`` is
+        saved through it (a dataset's per worker: resume with the same ``num_workers``;
+        otherwise any ``num_workers`` resumes).
 
         Without ``generator=``, a shuffling sampler draws each epoch's order from torch's
-        global generator: the state holds that too for the current epoch, but the epochs
-        after it match only if you also restore ``torch.set_rng_state`` from your checkpoint
+        global generator: the state holds that too, but the epochs after a mid-epoch
+        resume match only if you also restore ``torch.set_rng_state`` from your checkpoint
         (or pass ``generator=``).
 
         Raises:
-            ValueError: the sampler is not one of torch's and has no ``state_dict``, or an
-                IterableDataset without ``state_dict`` is mid-epoch.
+            ValueError: the sampler is not one of torch's and has no ``state_dict`` (nor
+                its iterator), or a stream that cannot say its position is mid-epoch.
         """
         return self._checkpoints.save(self)
 

@@ -34,12 +34,13 @@ class WorkerConfig:
     """on_error="skip": leave out samples whose loading raises."""
     max_memory_bytes: int | None = None
     """Retire (exit after the current task) when the worker's USS passes this."""
-    stateful_stream: bool = False
-    """An IterableDataset with state_dict()/load_state_dict(): its state goes with batches."""
     sample_seeds: bool = False
     """Seed the RNGs before each sample from (base seed, epoch, index): see _seeding.py."""
     hang_timeout_s: float | None = None
     """``hang_timeout``: how long a task, or a worker's set-up, may take. [Unit: second]"""
+    lazy_iter: bool = False
+    """A resume sends each worker its replica's position (`Restore`): ``iter(dataset)``
+    waits for it (or the first task), so that it runs once, as without a resume."""
 
 
 class Deferred:

@@ -33,11 +33,43 @@ _BAD = object()  # the stream's item raised and was skipped
 _STUCK = "its state_dict() still pointed at it, so a restart would read it again"
 
 
+def stateful(obj: Any) -> bool:
+    """Whether ``obj`` has ``state_dict()`` and ``load_state_dict()`` (torchdata's Stateful
+    protocol: a sampler, a stream, or an iterator of either)."""
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
 def stream_item_name(worker_id: int | None, number: int) -> str:
     """How a report names a stream's item: by its worker's own count (streams are per worker)."""
     if worker_id is None:
         return f"stream item {number}"
     return f"worker {worker_id}, its item {number}"
+
+
+def restore_replica(kind: int, dataset: Any, saved: dict[str, Any]) -> Iterator[Any] | None:
+    """Put a replica of the dataset where `Fetcher.position` said (unpickled: ``saved``), in
+    torchdata's order: the dataset's state first (a stream's ``__iter__`` may build the
+    iterator from it), then ``iter(dataset)`` and the iterator's state (``__iter__`` may
+    reset it). Returns a stream's restored iterator (None for a map-style dataset).
+
+    Raises:
+        TypeError: the position has an iterator state, and the new iterator cannot take it.
+    """
+    if saved["dataset"] is not None:
+        dataset.load_state_dict(saved["dataset"])
+    if kind != ITERABLE:
+        return None
+    iterator = iter(dataset)
+    if saved["iterator"] is not None:
+        if not stateful(iterator):
+            raise TypeError(
+                "the saved stream position has an iterator state, but iter(dataset) returned "
+                f"a {type(iterator).__qualname__} without load_state_dict()."
+            )
+        iterator.load_state_dict(saved["iterator"])
+    return iterator
 
 
 class Fetcher:
@@ -55,7 +87,7 @@ class Fetcher:
         fields: Any = None,
         seeder: Callable[[Any], None] | None = None,
         worker_id: int | None = None,
-        stateful_stream: bool = False,
+        position: bytes | None = None,
     ) -> None:
         self._kind = kind
         self._skip = skip_errors
@@ -77,12 +109,44 @@ class Fetcher:
         """Set when the stream ended at an item that raised (``on_error="skip"``)."""
         self._raised: tuple[int, str, str] | None = None  # the last item read, if it raised
         self._stuck_state: bytes | None = None  # the state a restart after a bad item used
-        # A stream that saves its position can go on after a bad item (_go_on).
-        self._restartable = skip_errors and kind == ITERABLE and stateful_stream
         # What is being loaded now, formatted only when an error needs it (hot path).
         self._stage = "iter"
         self._current: Any = None
-        self._iterator: Iterator[Any] | None = iter(dataset) if kind == ITERABLE else None
+        self._iterator: Iterator[Any] | None = None
+        self._holders: tuple[Any, Any] = (None, None)  # what saves the position (position())
+        self._start(position)
+        # A stream that saves its position can go on after a bad item (_go_on).
+        self._restartable = skip_errors and kind == ITERABLE and self._holders != (None, None)
+
+    def _start(self, position: bytes | None) -> None:
+        """Start at ``position`` (`position`'s result) when given (`restore_replica`); a
+        position saved at the end of an epoch (``next_epoch``) is restored, then a new
+        iterator made: what a persistent worker does between epochs."""
+        dataset = self._dataset
+        saved = pickle.loads(position) if position is not None else None
+        iterator = restore_replica(self._kind, dataset, saved) if saved is not None else None
+        if self._kind != ITERABLE:
+            self._holders = (dataset if stateful(dataset) else None, None)
+            return
+        if iterator is None or saved is None or saved.get("next_epoch"):
+            iterator = iter(dataset)
+        self._iterator = iterator
+        self._holders = (
+            dataset if iterator is not dataset and stateful(dataset) else None,
+            iterator if stateful(iterator) else None,
+        )
+
+    def position(self) -> bytes | None:
+        """Where this replica stands, pickled: the dataset's ``state_dict()`` (a stream's,
+        unless the dataset is its own iterator; a map-style dataset's too) and a stream's
+        iterator's (torchdata's Stateful protocol at both levels); None when neither has one."""
+        dataset, iterator = self._holders
+        if dataset is None and iterator is None:
+            return None
+        return pickle.dumps({
+            "dataset": dataset.state_dict() if dataset is not None else None,
+            "iterator": iterator.state_dict() if iterator is not None else None,
+        })  # fmt: skip
 
     @property
     def where(self) -> str:
@@ -242,12 +306,11 @@ class Fetcher:
         on; else why it cannot (a generator that raised is finished)."""
         if self._restartable:
             try:
-                state = pickle.dumps(self._dataset.state_dict())
+                state = self.position()
                 if state == self._stuck_state:  # the restart got nowhere
                     return _STUCK
                 self._stuck_state = state
-                self._iterator = iter(self._dataset)  # then the state, as on a resume
-                self._dataset.load_state_dict(pickle.loads(state))
+                self._start(state)  # as on a resume
                 return None
             except Exception as exc:
                 return f"restarting it from its state_dict() raised {type(exc).__name__}: {exc}"
@@ -269,20 +332,22 @@ class Fetcher:
 
 def start_fetching(
     cfg: WorkerConfig, dataset: Any, worker_id: int, fields: Any, seeder: Any,
-) -> tuple[Callable[[], Fetcher], Fetcher | None, tuple[BaseException, str] | None]:
+) -> tuple[Callable[[bytes | None], Fetcher], Fetcher | None, tuple[BaseException, str] | None]:
     """A worker's start (process or thread): run ``worker_init_fn``, then make the first
-    fetcher. Returns the fetcher factory (a new epoch, a restored stream), the fetcher, and
-    what failed and where: kept, to be reported with every task, as torch does for the
-    first one (nothing can load). The status fields show each step (`INIT`, `ITER`), so a
-    step that hangs is found by the hang watch like a task."""
+    fetcher (unless ``cfg.lazy_iter``: then None, made by the loop when the first message
+    comes). Returns the fetcher factory (a new epoch; a replica restored at a
+    `Fetcher.position`), the fetcher, and what failed and where: kept, to be reported with
+    every task, as torch does for the first one (nothing can load). The status fields show
+    each step (`INIT`, `ITER`), so a step that hangs is found by the hang watch like a
+    task."""
 
-    def new_fetcher() -> Fetcher:
+    def new_fetcher(position: bytes | None) -> Fetcher:
         starting(fields, ITER)  # a stream's iter(dataset) runs here (each epoch, a resume)
         try:
             return Fetcher(
                 cfg.dataset_kind, dataset, cfg.auto_collation, cfg.collate_fn, cfg.drop_last,
                 skip_errors=cfg.skip_errors, fields=fields, seeder=seeder, worker_id=worker_id,
-                stateful_stream=cfg.stateful_stream,
+                position=position,
             )
         finally:
             fields[STAGE] = IDLE
@@ -296,6 +361,6 @@ def start_fetching(
             finally:
                 fields[STAGE] = IDLE
         stage = "in iter(dataset)"
-        return new_fetcher, new_fetcher(), None
+        return new_fetcher, None if cfg.lazy_iter else new_fetcher(None), None
     except Exception as exc:
         return new_fetcher, None, (exc, stage)

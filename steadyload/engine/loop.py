@@ -112,7 +112,6 @@ def run(
     `Ready`, then one outcome per task until `Stop` (or `Link.after_task` says stop)."""
     new_fetcher, fetcher, init_error = start_fetching(cfg, dataset, worker_id, status.fields,
                                                       seeder)  # fmt: skip
-    stateful = dataset if cfg.stateful_stream else None
     link.ready()
     ended = False
     while True:
@@ -125,13 +124,8 @@ def run(
                     link.release(msg.freed)
                 ended = False
                 if init_error is None:
-                    try:
-                        fetcher = new_fetcher()
-                        if isinstance(msg, Restore):
-                            # Resume the stream where the dead worker's last batch ended:
-                            # after iter(dataset), as torchdata's StatefulDataLoader does, so
-                            # an __iter__ that resets the position does not undo the state.
-                            dataset.load_state_dict(pickle.loads(msg.state))
+                    try:  # a Restore resumes the stream where a batch of it ended
+                        fetcher = new_fetcher(msg.state if isinstance(msg, Restore) else None)
                     except Exception as exc:
                         init_error = (exc, "in iter(dataset)")
                 continue
@@ -139,24 +133,29 @@ def run(
                 link.release(msg.freed)
             case _:
                 raise RuntimeError(f"[steadyload internal error] unexpected message {msg!r}")
+        if fetcher is None and init_error is None:  # cfg.lazy_iter: no Restore came first
+            try:
+                fetcher = new_fetcher(None)
+            except Exception as exc:
+                init_error = (exc, "in iter(dataset)")
         if init_error is not None:
             _fail(link, msg.task_id, *init_error)
             continue
-        assert fetcher is not None  # start_fetching: a fetcher unless an error
+        assert fetcher is not None
         if ended:
             link.send(Exhausted(msg.task_id))
             continue
         status.begin(msg.task_id)
         if seeder is not None:
             seeder.epoch = msg.epoch
-        ended = _run_task(msg, fetcher, cfg.dataset_kind, link, status, stateful)
+        ended = _run_task(msg, fetcher, cfg.dataset_kind, link, status)
         status.end()
         if link.after_task():
             return
 
 
 def _run_task(
-    task: Task, fetcher: Fetcher, kind: int, link: Link, status: Status, stateful: Any,
+    task: Task, fetcher: Fetcher, kind: int, link: Link, status: Status,
 ) -> bool:  # fmt: skip
     """Run one task and send its outcome; True when the dataset's stream has ended."""
     began = time.perf_counter()
@@ -170,7 +169,11 @@ def _run_task(
     except StopIteration as exc:
         link.cancel_task()
         if kind == ITERABLE:
-            link.send(Exhausted(task.task_id, tuple(fetcher.skipped), fetcher.cut))
+            try:  # where it ended, for a state saved between epochs (an epoch counter)
+                position = fetcher.position()
+            except Exception:  # a failing state_dict() is reported with the batches that
+                position = None  # call it; here only the end's position goes unkept
+            link.send(Exhausted(task.task_id, tuple(fetcher.skipped), fetcher.cut, position))
             return True
         _fail(link, task.task_id, exc, fetcher.where)
         return False
@@ -188,10 +191,10 @@ def _run_task(
         return False
     del data  # before the task ends: a batch still referenced here pins its segments
     try:
-        state = pickle.dumps(stateful.state_dict()) if stateful is not None else None
+        state = fetcher.position()
     except Exception as exc:  # user code: reported like the dataset's own errors
         link.cancel_task()
-        where = "while saving the stream's position (state_dict())"
+        where = "while saving the dataset's position (state_dict())"
         _fail(link, task.task_id, exc, where)
         return False
     link.send_batch(Done(

@@ -57,7 +57,8 @@ class Reset:
 
 @message
 class Restore:
-    """A replacement worker resumes a stateful IterableDataset from ``state`` (pickled)."""
+    """A worker resumes from ``state``: a `Fetcher.position` (a replacement where the dead
+    worker's last batch ended, a resumed checkpoint where the saved worker's did)."""
 
     state: bytes
 
@@ -112,6 +113,8 @@ class Exhausted:
     skipped: tuple[SkippedSample, ...] = ()
     cut: StreamCut | None = None
     """Set when the stream ended at an item that raised (on_error="skip"): what was lost."""
+    position: bytes | None = None
+    """The replica's `Fetcher.position` at the end (an epoch counter it keeps, say)."""
 
 
 @message

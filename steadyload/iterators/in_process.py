@@ -8,7 +8,6 @@ exception notes and checkpointing behave as with workers.
 from __future__ import annotations
 
 import collections
-import pickle
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -18,8 +17,8 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from .._seeding import KeepCallerRngs, SampleSeeder
 from ..checkpoint import Checkpoints
 from ..engine.fetch import AllSkipped, Fetcher
-from ..epoch_order import stateful
 from ..options import LoaderOptions
+from ..progress import position_blobs
 from .common import UNSET, EmptyBatches, SkipGuard, TimedNext, add_note, record_cut
 from .record import History, RunRecord
 
@@ -42,15 +41,14 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
         self._seeder = SampleSeeder(int(self._base_seed)) if options.sample_seeds else None
         if self._seeder is not None:
             self._seeder.epoch = self._progress.epoch
+        resume, self._progress.resume_streams = self._progress.resume_streams, None
         self._fetcher = Fetcher(
             self._dataset_kind, self._dataset, self._auto_collation,
             self._collate_fn, self._drop_last, skip_errors=options.on_error == "skip",
-            seeder=self._seeder, stateful_stream=stateful(self._dataset),
+            seeder=self._seeder,
+            position=position_blobs(resume).get(0) if resume is not None else None,
         )  # fmt: skip
-        resume = self._progress.resume_streams
-        if resume is not None:  # after iter(dataset) (the fetcher's), as in the workers
-            dataset: Any = self._dataset
-            dataset.load_state_dict(pickle.loads(resume["workers"][-1]))
+        self._progress.in_process = self._fetcher.position
         self.record = RunRecord("in-process", None, (), history)
         self.record.epoch = self._progress.epoch
         self._guard = SkipGuard()

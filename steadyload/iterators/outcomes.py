@@ -43,7 +43,7 @@ class Outcomes:
     def __init__(
         self, table: TaskTable, record: RunRecord, recovery: Recovery, *,
         guard: SkipGuard, empty: EmptyBatches, stream_state: dict[int, bytes],
-        in_flight: tuple[int, int],
+        ended: dict[int, bytes | None], in_flight: tuple[int, int],
     ) -> None:  # fmt: skip
         self._table = table
         self._record = record
@@ -51,6 +51,7 @@ class Outcomes:
         self._guard = guard
         self._empty = empty
         self._stream_state = stream_state  # the iterator's: worker -> state after its batch
+        self._ended = ended  # the iterator's: worker -> its stream's position at its end
         self._in_flight = in_flight  # (prefetch_factor, num_workers): the in-flight check
         self._checked_in_flight = False
 
@@ -92,6 +93,7 @@ class Outcomes:
                     record_cut(record, event.cut)
                 if table.settle(event.task_id) is not None:
                     table.active[worker_id] = False
+                    self._ended.setdefault(worker_id, event.position)  # the first: the end
                     return True
             case Ready():
                 self._on_ready(pool, worker_id, event)

@@ -89,7 +89,9 @@ class Recovery:
         self._opts = opts
         self._record = record
         self._stream = stream  # an IterableDataset: batches are stream positions
-        self._stateful_stream = stateful_stream  # ... that resumes where a batch ended
+        # ... that resumes where a batch ended: the dataset says it can, or its iterators
+        # have (their positions came with the batches: torchdata's Stateful iterators)
+        self._stateful_stream = stateful_stream
         self._hung = hung  # the watchdog's: worker -> (task id, stack) being killed
         self._stream_state = stream_state  # the iterator's: worker -> state after its last batch
         self.memory: MemorySampler | None = None  # the workers' latest memory readings
@@ -98,6 +100,10 @@ class Recovery:
         self._kills: collections.Counter[Any] = collections.Counter()  # sample -> deaths
         self._hangs: collections.Counter[Any] = collections.Counter()  # task id -> hangs
         self._oom_kills = _system.cgroup_memory().oom_kills
+
+    @property
+    def _resumable(self) -> bool:
+        return self._stateful_stream or any(s is not None for s in self._stream_state.values())
 
     def on_died(self, pool: WorkerPool, worker_id: int, died: Died) -> None:
         """A worker died: replace it and re-run what it held, or raise why not."""
@@ -140,13 +146,13 @@ class Recovery:
             return
         stage = died.progress.stage if died.progress is not None else IDLE
         starting = STAGES[stage] if stage in STARTING else ""
-        if hung is not None and stream and not self._stateful_stream:
+        if hung is not None and stream and not self._resumable:
             raise diagnosis.worker_hung(
                 worker_id=worker_id, pid=died.pid, hang_timeout_s=self._opts.hang_timeout,
                 sample=None, sample_indices=[], stack=hung[1], times=1,
                 thread=died.kind == THREAD, starting=starting,
             )  # a stream cannot be replayed: no second try
-        if stream and not self._stateful_stream:
+        if stream and not self._resumable:
             raise error(
                 "steadyload did not restart it: an IterableDataset's stream cannot be "
                 "replayed, so the batches it held would be lost. A dataset with "
@@ -271,7 +277,7 @@ class Recovery:
                 outcome=outcome,
             )
 
-        if self._stream and not self._stateful_stream:
+        if self._stream and not self._resumable:
             raise error(
                 "steadyload did not restart them: an IterableDataset's stream cannot be "
                 "replayed, so the batches they held would be lost."

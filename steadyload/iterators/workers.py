@@ -24,16 +24,16 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .. import diagnosis
-from ..checkpoint import Checkpoints, EpochProgress
+from ..checkpoint import Checkpoints
 from ..engine import interrupts
 from ..engine.config import WorkerConfig
 from ..engine.factory import PoolPlan, make_pool
-from ..engine.fetch import ITERABLE
+from ..engine.fetch import ITERABLE, stateful
 from ..engine.interrupts import held_interrupts
 from ..engine.pool import WorkerPool
-from ..epoch_order import stateful
 from ..memory.sampler import MemorySampler
 from ..options import LoaderOptions
+from ..progress import EpochProgress, position_blobs
 from ..start import guards
 from .common import (
     DatasetError,
@@ -50,6 +50,7 @@ from .recovery import Recovery
 from .tasks import EMPTY, TaskEntry, TaskTable
 
 _LOG = logging.getLogger(__name__)
+_ABSENT = object()  # a worker with no stream position recorded yet (_commit)
 
 
 class WorkerIterator(TimedNext, _BaseDataLoaderIter):
@@ -86,11 +87,13 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             preload=plan.preload,
             skip_errors=self._opts.on_error == "skip",
             max_memory_bytes=self._opts.max_worker_memory_bytes,
-            stateful_stream=self._dataset_kind == ITERABLE and stateful(self._dataset),
             sample_seeds=self._opts.sample_seeds,
             hang_timeout_s=self._opts.hang_timeout,
+            lazy_iter=checkpoints.pending is not None
+            and checkpoints.pending["dataset_states"] is not None,
         )
         self._stream_state: dict[int, bytes] = {}  # worker -> state after its last batch
+        self._ended: dict[int, bytes | None] = {}  # worker -> its stream's position at its end
         self._empty = EmptyBatches(self._collate_fn)
         self._pool: WorkerPool | None = None
         self._error: BaseException | None = None
@@ -100,12 +103,13 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         self._watchdog = Watchdog(self._table, options.hang_timeout, self._num_workers)
         self._recovery = Recovery(
             self._table, options, self.record, stream=self._dataset_kind == ITERABLE,
-            stateful_stream=self._config.stateful_stream, hung=self._watchdog.hung,
+            stateful_stream=self._dataset_kind == ITERABLE and stateful(self._dataset),
+            hung=self._watchdog.hung,
             stream_state=self._stream_state,
         )  # fmt: skip
         self._outcomes = Outcomes(
             self._table, self.record, self._recovery, guard=self._guard, empty=self._empty,
-            stream_state=self._stream_state,
+            stream_state=self._stream_state, ended=self._ended,
             in_flight=(self._prefetch_factor, self._num_workers),
         )  # fmt: skip
         self._awaiting: tuple[int, float] | None = None  # (task id, torch's timeout deadline)
@@ -185,16 +189,18 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         self._table.new_epoch(self._progress.epoch)
         self._cycle = itertools.cycle(range(self._num_workers))
         self._stream_state.clear()  # each epoch's streams start afresh (Reset)
+        self._ended.clear()
         if self._progress.resume_streams is not None:
             self._resume_streams(self._progress.resume_streams)
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
     def _resume_streams(self, resume: dict[str, Any]) -> None:
-        """Resume each worker's stream where its last yielded batch ended (checkpoint.py)."""
+        """Resume each worker's replica of the dataset where the saved worker's stood
+        (checkpoint.py); a worker without a position starts afresh."""
         self._progress.resume_streams = None
         assert self._pool is not None
-        for worker_id, blob in resume["workers"].items():
+        for worker_id, blob in position_blobs(resume).items():
             self._pool.send_restore(worker_id, blob)
             self._stream_state[worker_id] = self._progress.streams[worker_id] = blob
         last = resume["last_worker"]
@@ -278,6 +284,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
                     _LOG.warning(warning)
                 if not self._persistent_workers:
                     self._shutdown_workers()
+                self._progress.ended = dict(self._ended)
                 self._progress.finished = True
                 raise StopIteration
             task = table.tasks[table.rcvd]
@@ -314,10 +321,12 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         """The batch of ``task`` is handed to the caller: it counts as yielded. Returns what
         `_hold_back` needs to undo that (a Ctrl-C at the last moment keeps the batch)."""
         progress = self._progress
-        before = (progress.streams.get(task.worker_id), progress.last_worker)
+        before = (progress.streams.get(task.worker_id, _ABSENT), progress.last_worker)
         progress.yielded.mark(task.ordinal)
         if task.stream_state is not None:
             progress.streams[task.worker_id] = task.stream_state
+        elif self._dataset_kind == ITERABLE and task.outcome is not EMPTY:
+            progress.streams[task.worker_id] = None  # its stream cannot say where it stands
         progress.last_worker = task.worker_id
         return before
 
@@ -329,7 +338,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         self._handing = None
         progress = self._progress
         progress.yielded.unmark(task.ordinal)
-        if stream is not None:
+        if stream is not _ABSENT:
             progress.streams[task.worker_id] = stream
         else:
             progress.streams.pop(task.worker_id, None)

@@ -126,7 +126,7 @@ def test_a_stream_whose_state_dict_raises_is_reported_not_fatal() -> None:
     with pytest.raises(ValueError, match="state_dict\\(\\) broke at call 3") as info:
         next(it)
     notes = "\n".join(info.value.__notes__)
-    assert "while saving the stream's position (state_dict())" in notes
+    assert "while saving the dataset's position (state_dict())" in notes
     assert loader.report().restarts == ()
     del it
 

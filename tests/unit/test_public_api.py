@@ -42,6 +42,8 @@ def test_public_objects_report_the_public_module() -> None:
 
 
 def test_signature_is_torchs_positionally_then_keyword_only_extras() -> None:
+    # torch's arguments, then torchdata's StatefulDataLoader keyword (a one-line switch),
+    # then steadyload's options.
     ours = inspect.signature(steadyload.DataLoader.__init__).parameters
     theirs = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
     assert list(ours)[: len(theirs)] == list(theirs)
@@ -50,7 +52,7 @@ def test_signature_is_torchs_positionally_then_keyword_only_extras() -> None:
         assert ours[name].default == param.default, name
     extras = list(ours)[len(theirs):]
     assert extras == [
-        "start_method", "max_restarts", "on_error", "hang_timeout", "max_worker_memory",
+        "snapshot_every_n_steps", "start_method", "max_restarts", "on_error", "hang_timeout", "max_worker_memory",
         "sample_seeds", "worker_type",
     ]
     assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in extras)
