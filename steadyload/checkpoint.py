@@ -229,11 +229,16 @@ class Checkpoints:
             # The next epoch draws from the generators as they are now: keep them (and a
             # Stateful sampler's state). Its base seed: persistent workers keep theirs;
             # else it is drawn from those generators when the epoch begins.
-            alive = persistent(loader) and loader._iterator is not None and start is not None
-            seed = start.base_seed if alive and start else None
+            alive = persistent(loader) and loader._iterator is not None
+            seed = start.base_seed if alive and start is not None else None
             now = capture(loader, self.epoch, 0, None)  # (its base_seed unused: ``seed``)
-            ended = None if progress is None else replica_positions(loader, progress, ended=True)
-            return Mark(self.epoch, True, 0, frozenset(), now, None, ended, seed)
+            ended, unsaveable = None, None
+            try:
+                if progress is not None:
+                    ended = replica_positions(loader, progress, ended=True)
+            except ValueError as exc:  # said by save(), when a state is asked for
+                unsaveable = str(exc)
+            return Mark(self.epoch, True, 0, frozenset(), now, None, ended, seed, unsaveable)
         yielded = progress.yielded
         positions, unsaveable = None, None
         try:

@@ -358,8 +358,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
         Raises:
             ValueError: not a steadyload loader state, another version, or a loader built
-                differently (dataset length, batch size, drop_last; for an IterableDataset
-                saved mid-epoch, ``num_workers``), with what to do.
+                differently (dataset length, batch size, drop_last; for a state that holds
+                the dataset's own state per worker, ``num_workers``), with what to do.
         """
         self._checkpoints.load(self, state_dict)
         live = self._iterator  # torch keeps it only for persistent workers

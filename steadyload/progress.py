@@ -32,8 +32,9 @@ class EpochProgress:
     the rest of the epoch; only StopIteration makes the epoch finished.
 
     The iterator marks each yielded batch in `yielded`, sets `finished` at the epoch's end,
-    and, for a stateful IterableDataset with workers, records each worker's stream state
-    after its last yielded batch in `streams`.
+    and, for a dataset that keeps its own position (a stream, a Stateful map-style
+    dataset), records each worker's replica position after its last yielded batch in
+    `streams` (in-process: `in_process` reads it when a state is saved).
     """
 
     __slots__ = (
@@ -54,17 +55,19 @@ class EpochProgress:
         self.last_worker: int | None = None
         """The worker whose batch was yielded last (dispatch resumes after it)."""
         self.resume_streams: dict[str, Any] | None = None
-        """A loaded stream position for the iterator to restore, then clear."""
+        """Loaded replica positions (``dataset_states``) for the iterator to restore, then
+        clear."""
         self.in_process: Callable[[], bytes | None] | None = None
-        """``num_workers=0``: the stream's position now (`Fetcher.position`), read when saved."""
-
+        """``num_workers=0``: the dataset's position now (`Fetcher.position`), read when a
+        state is saved (fixed at the epoch's end)."""
 
 
 def replica_positions(
     loader: tud.DataLoader[Any], progress: EpochProgress, *, ended: bool
 ) -> dict[str, Any] | None:
     """Where each replica of the dataset stands (`Fetcher.position`, pickled as the workers
-    sent them: a mark stays cheap), for a stream or a Stateful map-style dataset.
+    sent them: a mark only copies them; in-process the dataset's ``state_dict()`` is called),
+    for a stream or a Stateful map-style dataset.
 
     Mid-epoch: after each worker's last yielded batch (a worker that yielded nothing starts
     afresh). At the end of an epoch (``ended``): only where the next epoch goes on from
@@ -73,7 +76,7 @@ def replica_positions(
 
     Raises:
         ValueError: mid-epoch, a batch was yielded from a stream that cannot say where it
-            stands.
+            stands; in-process, the dataset's ``state_dict()`` raised.
     """
     iterable = loader._dataset_kind == ITERABLE
     if not iterable and not stateful(loader.dataset):
@@ -81,7 +84,15 @@ def replica_positions(
     workers: dict[int, bytes | None]
     if loader.num_workers == 0:  # one dataset object, which may keep its position across
         # epochs (an IterableDataset that is its own iterator): saved even before a batch
-        position = progress.in_process() if progress.in_process is not None else None
+        try:
+            position = progress.in_process() if progress.in_process is not None else None
+        except Exception as exc:  # the dataset's state_dict() (or pickling what it gave)
+            raise fail(
+                f"steadyload cannot save the position of {type(loader.dataset).__qualname__}: "
+                f"its state_dict() raised {type(exc).__name__}: {exc}",
+                "the dataset's own state is part of the loader's position.",
+                "make state_dict() return picklable plain data (numbers, lists, dicts).",
+            ) from exc
         workers = {0: position}
     elif ended:
         if not persistent(loader):
@@ -101,6 +112,8 @@ def replica_positions(
             "give the dataset (or its iterator) state_dict()/load_state_dict() (its position "
             "in the stream), or checkpoint only at the end of an epoch.",
         )
+    if not workers:
+        return None  # no replica has a position yet: every one starts afresh
     last = None if ended else progress.last_worker
     return {"workers": workers, "last_worker": last, "next_epoch": ended}
 
@@ -112,6 +125,19 @@ def saved_positions(loader: tud.DataLoader[Any], positions: dict[str, Any]) -> d
     for worker_id, blob in positions["workers"].items():
         workers[worker_id] = pickle.loads(blob)
     return {**positions, "workers": workers}
+
+
+def carried(previous: EpochProgress, iterable: bool) -> dict[int, bytes]:
+    """Persistent workers keep their replicas across epochs: until a worker yields in the
+    new epoch, its position is where it ended ``previous`` (a stream's at its end, a
+    map-style dataset's after its last batch), marked to start a new iterator there, as the
+    worker does; for a state saved then, and for its replacement."""
+    ended = previous.ended if iterable else previous.streams
+    return {
+        worker_id: pickle.dumps({**pickle.loads(blob), "next_epoch": True})
+        for worker_id, blob in ended.items()
+        if blob is not None
+    }
 
 
 def position_blobs(saved: dict[str, Any]) -> dict[int, bytes]:

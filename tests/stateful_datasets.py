@@ -180,7 +180,10 @@ class CountsIters(IterableDataset[Any]):
         self.position = state["position"]
 
     def __iter__(self) -> Any:
-        self.iters += 1
+        self.iters += 1  # counted when iter() runs, as CountIterCalls does (not lazily)
+        return self._rows()
+
+    def _rows(self) -> Any:
         mine = worker_shard(self.n)
         while self.position < len(mine):
             self.position += 1

@@ -124,10 +124,13 @@ def run(
                     link.release(msg.freed)
                 ended = False
                 if init_error is None:
-                    try:  # a Restore resumes the stream where a batch of it ended
-                        fetcher = new_fetcher(msg.state if isinstance(msg, Restore) else None)
+                    position = msg.state if isinstance(msg, Restore) else None  # resume there
+                    try:
+                        fetcher = new_fetcher(position)
                     except Exception as exc:
-                        init_error = (exc, "in iter(dataset)")
+                        where = "in iter(dataset)" if position is None else (
+                            "restoring the dataset's state (load_state_dict, iter(dataset))")
+                        init_error = (exc, where)
                 continue
             case Task():
                 link.release(msg.freed)
@@ -154,6 +157,15 @@ def run(
             return
 
 
+def _position(fetcher: Fetcher) -> bytes | None:
+    """`Fetcher.position` where no batch goes out with it: a failing ``state_dict()`` is
+    reported with the batches (`_run_task`); here the position is only not kept."""
+    try:
+        return fetcher.position()
+    except Exception:
+        return None
+
+
 def _run_task(
     task: Task, fetcher: Fetcher, kind: int, link: Link, status: Status,
 ) -> bool:  # fmt: skip
@@ -164,16 +176,14 @@ def _run_task(
         data = fetcher.fetch(task.indices)
     except AllSkipped:
         link.cancel_task()
-        link.send(Empty(task.task_id, tuple(fetcher.skipped)))
+        link.send(Empty(task.task_id, tuple(fetcher.skipped), _position(fetcher)))
         return False
     except StopIteration as exc:
         link.cancel_task()
         if kind == ITERABLE:
-            try:  # where it ended, for a state saved between epochs (an epoch counter)
-                position = fetcher.position()
-            except Exception:  # a failing state_dict() is reported with the batches that
-                position = None  # call it; here only the end's position goes unkept
-            link.send(Exhausted(task.task_id, tuple(fetcher.skipped), fetcher.cut, position))
+            # Where it ended, for a state saved between epochs (an epoch counter).
+            link.send(Exhausted(task.task_id, tuple(fetcher.skipped), fetcher.cut,
+                                _position(fetcher)))
             return True
         _fail(link, task.task_id, exc, fetcher.where)
         return False

@@ -75,7 +75,8 @@ class WorkerPool(Protocol):
         """Send a task."""
 
     def send_restore(self, worker_id: int, state: bytes) -> None:
-        """Tell a replacement worker where its stream resumes."""
+        """Tell a worker where its dataset replica resumes (`Fetcher.position`): a
+        replacement, or a worker of a resumed checkpoint."""
 
     def send_reset(self) -> None:
         """Tell every worker a new epoch begins."""

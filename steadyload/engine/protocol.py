@@ -103,6 +103,8 @@ class Empty:
 
     task_id: int
     skipped: tuple[SkippedSample, ...]
+    position: bytes | None = None
+    """The replica's `Fetcher.position` after it (the bad items count as read)."""
 
 
 @message

@@ -75,7 +75,7 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
         try:
             index = self._next_index()
         except StopIteration:
-            self._progress.finished = True
+            self._end_epoch()
             raise
         ordinal = self._sampler_iter.ordinal
         try:
@@ -91,7 +91,7 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
             self._record_skips()
             if self._fetcher.cut is not None:
                 record_cut(self.record, self._fetcher.cut)
-            self._progress.finished = True
+            self._end_epoch()
             raise
         except Exception as exc:
             add_note(exc, f"steadyload: raised in the main process {self._fetcher.where}")
@@ -101,6 +101,16 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
         self._guard.delivered()
         self._empty.learn(data)
         return ordinal, data
+
+    def _end_epoch(self) -> None:
+        """The epoch ended: its position is kept as it is now (a state saved between epochs
+        holds it), without keeping the fetcher, and with it the stream, alive."""
+        self._progress.finished = True
+        try:
+            blob = self._fetcher.position()
+        except Exception:  # said when a state is asked for: keep asking the fetcher
+            return
+        self._progress.in_process = lambda: blob
 
     def _record_skips(self) -> None:
         self._guard.record(self.record, self._fetcher.skipped)

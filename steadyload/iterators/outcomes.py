@@ -86,7 +86,9 @@ class Outcomes:
                     raise outcome  # the worker ran out: no batch can cross any more
             case Empty():
                 self._record_skips(event.skipped)
-                table.settle(event.task_id, EMPTY)
+                task = table.settle(event.task_id, EMPTY)
+                if task is not None and event.position is not None:
+                    self._stream_state[worker_id] = task.stream_state = event.position
             case Exhausted():
                 self._record_skips(event.skipped)
                 if event.cut is not None:

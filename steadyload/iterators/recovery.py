@@ -155,8 +155,9 @@ class Recovery:
         if stream and not self._resumable:
             raise error(
                 "steadyload did not restart it: an IterableDataset's stream cannot be "
-                "replayed, so the batches it held would be lost. A dataset with "
-                "state_dict()/load_state_dict() is resumed where its last batch ended."
+                "replayed, so the batches it held would be lost. A stream with "
+                "state_dict()/load_state_dict() (on the dataset, or on the iterator its "
+                "__iter__ returns) is resumed where its last batch ended."
             )
         if hung is not None:
             task_id, stack = hung

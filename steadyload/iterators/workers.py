@@ -6,7 +6,7 @@ and random values drawn inside ``__getitem__`` match too. The iterator drives an
 worker through the pool protocol (engine/pool.py), and hands its collaborators the task
 table (`tasks.TaskTable`): `Outcomes` applies the pool's events, `Recovery` replaces dead,
 hung and over-memory workers, `Watchdog` finds hangs and lost results; checkpoint
-bookkeeping is `checkpoint.EpochProgress`.
+bookkeeping is `progress.EpochProgress`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ..engine.interrupts import held_interrupts
 from ..engine.pool import WorkerPool
 from ..memory.sampler import MemorySampler
 from ..options import LoaderOptions
-from ..progress import EpochProgress, position_blobs
+from ..progress import EpochProgress, carried, position_blobs
 from ..start import guards
 from .common import (
     DatasetError,
@@ -173,6 +173,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
     def _reset_epoch(self, loader: Any, first_iter: bool) -> None:
         super()._reset(loader, first_iter)
         self._stash = self._handing = None  # a batch held back by Ctrl-C was last epoch's
+        previous = None if first_iter else self._progress  # persistent workers: last epoch's
         self._progress: EpochProgress = self._checkpoints.begin_epoch(loader, self)
         if first_iter:
             self.record.epoch = self._progress.epoch
@@ -192,6 +193,9 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         self._ended.clear()
         if self._progress.resume_streams is not None:
             self._resume_streams(self._progress.resume_streams)
+        elif previous is not None:  # persistent workers keep their replicas (progress.carried)
+            for worker_id, blob in carried(previous, self._dataset_kind == ITERABLE).items():
+                self._stream_state[worker_id] = self._progress.streams[worker_id] = blob
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
@@ -325,7 +329,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         progress.yielded.mark(task.ordinal)
         if task.stream_state is not None:
             progress.streams[task.worker_id] = task.stream_state
-        elif self._dataset_kind == ITERABLE and task.outcome is not EMPTY:
+        elif self._dataset_kind == ITERABLE:
             progress.streams[task.worker_id] = None  # its stream cannot say where it stands
         progress.last_worker = task.worker_id
         return before

@@ -13,6 +13,7 @@ import torch
 
 import steadyload
 from tests.compare import assert_same_batches
+from tests.datasets import BadItemStream
 from tests.stateful_datasets import (
     CountsIters,
     CountsPasses,
@@ -66,6 +67,22 @@ def test_a_resumed_replica_runs_iter_once(workers: int) -> None:
              if w is not None]  # fmt: skip
     assert calls and set(calls) == {1}
     assert_same_batches(got, full[: len(got)])
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # the skipped rows are logged
+def test_a_batch_whose_items_were_all_skipped_carries_its_position() -> None:
+    # Worker 0's second batch (rows 4 and 6) is all bad: it is yielded empty. Saved right
+    # after it, the resume goes on after those rows, not before (which would yield it again).
+    def make() -> Any:
+        return steadyload.DataLoader(BadItemStream(16, {4, 6}, state="past"), batch_size=2,
+                                     num_workers=2, on_error="skip")  # fmt: skip
+
+    full = list(make())
+    got, state = _first(make(), 3)
+    assert [len(b) for b in got] == [2, 2, 0]  # rows 0,2 | 1,3 | (4, 6 skipped)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert_same_batches(got + list(resumed), full)
 
 
 @pytest.mark.timeout(120)
@@ -185,15 +202,22 @@ def test_without_a_generator_the_next_epoch_needs_no_rng_restore(when: str, work
     assert_same_batches(_epochs(resumed, 2), want)
 
 
-@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)],
-                         ids=["in-process", "workers", "persistent"])  # fmt: skip
-def test_a_stateful_map_style_dataset_is_saved_per_worker(workers: int, persistent: bool) -> None:
-    # Each worker's replica draws from its own generator: its state after the worker's
-    # last yielded batch is saved and given back to the same worker id.
+@pytest.mark.parametrize(
+    ("workers", "persistent", "kind"),
+    [(0, False, "process"), (2, False, "process"), (2, True, "process"), (2, False, "thread")],
+    ids=["in-process", "workers", "persistent", "threads"],
+)
+def test_a_stateful_map_style_dataset_is_saved_per_worker(
+    workers: int, persistent: bool, kind: str
+) -> None:
+    # Each worker's replica draws from its own generator (threads too: one replica each):
+    # its state after the worker's last yielded batch is saved and given back to the same
+    # worker id.
     def make() -> Any:
         return steadyload.DataLoader(
             OwnGenerator(30), batch_size=3, shuffle=True, num_workers=workers,
             generator=torch.Generator().manual_seed(5), persistent_workers=persistent,
+            worker_type=kind,
         )  # fmt: skip
 
     full = _epochs(make(), 2)
@@ -203,6 +227,33 @@ def test_a_stateful_map_style_dataset_is_saved_per_worker(workers: int, persiste
     resumed.load_state_dict(state)
     assert_same_batches(got + _epochs(resumed, 2), full)
     del resumed
+
+
+def test_auto_starts_a_dataset_with_its_own_state_on_processes() -> None:
+    loader = steadyload.DataLoader(OwnGenerator(12), batch_size=3, num_workers=2,
+                                   worker_type="auto")  # fmt: skip
+    list(loader)
+    report = loader.report()
+    assert report.worker_kind == "process"
+    assert "keeps its own state" in (report.worker_type_choice or "")
+
+
+def test_persistent_workers_carry_a_replicas_state_into_the_next_epoch() -> None:
+    # Epoch 1 saved after one batch (worker 0's): worker 1 has not yielded in it, and its
+    # replica's pass counter is 1 from the end of epoch 0; the resume must keep that.
+    def make() -> Any:
+        return steadyload.DataLoader(CountsPasses(12), batch_size=None, num_workers=2,
+                                     persistent_workers=True)  # fmt: skip
+
+    want = _epochs(make(), 2)[12:]
+    loader = make()
+    list(loader)
+    got, state = _first(loader, 1)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert_same_batches(got + list(resumed), want)
+    assert {int(b[1]) for b in want} == {1}
+    del loader, resumed
 
 
 def test_a_stateful_map_style_dataset_needs_the_same_num_workers() -> None:

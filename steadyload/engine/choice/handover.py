@@ -267,8 +267,9 @@ class HandoverPool:
             self._threads.send_task(worker_id, task_id, indices, epoch)
 
     def send_restore(self, worker_id: int, state: bytes) -> None:
-        """Never needed: a stream never starts on threads (worker_choice.static_choice)."""
-        raise RuntimeError("[steadyload internal error] a stream in a hand-over pool")
+        """Never needed: a stream, or a dataset with its own state, never starts on threads
+        (worker_kind.static_choice)."""
+        raise RuntimeError("[steadyload internal error] a dataset position in a hand-over pool")
 
     def send_reset(self) -> None:
         """A new epoch (persistent workers): to whichever pools run."""

@@ -39,8 +39,9 @@ docs/design/figures.md#auto, the choices measured run after run in
 benchmarks/bench_auto_choice.py, and the rule is tested with injected measurements
 (tests/unit/test_worker_kind.py).
 
-Some loaders are never started on threads: a stream (its position lives in the replica
-that reads it, which cannot move to a process), a ``worker_init_fn`` (it would run in this
+Some loaders are never started on threads: a stream, or a dataset with its own
+``state_dict()`` (its position lives in the replica that reads it, which cannot move to a
+process), a ``worker_init_fn`` (it would run in this
 process), ``max_worker_memory``, and ``on_error="skip"`` (data expected to be partly bad:
 a sample that crashes native code ends the process that loads it, which with threads is
 the training process).
@@ -198,6 +199,8 @@ def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | 
     """The choice when it needs no measurement, else None (start on threads and watch)."""
     from torch.utils.data import IterableDataset
 
+    from ..fetch import stateful
+
     if max_worker_memory is not None:
         return chose("process", "max_worker_memory needs workers with memory of their own")
     if getattr(loader, "on_error", "raise") == "skip":
@@ -210,6 +213,10 @@ def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | 
     if isinstance(loader.dataset, IterableDataset):
         return chose("process", "an IterableDataset's stream cannot move from a thread "
                                  "to a process, so it is not tried on threads")
+    if stateful(loader.dataset):
+        return chose("process", "the dataset keeps its own state (state_dict()) in each "
+                                 "worker's replica, which cannot move from a thread to a "
+                                 "process, so it is not tried on threads")
     if loader.worker_init_fn is not None:
         return chose("process", "a worker_init_fn would run in this process on threads "
                                  "(it may seed this process's random generators)")

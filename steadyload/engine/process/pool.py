@@ -266,7 +266,7 @@ class ProcessPool:
         self._send(h, Task(task_id, indices, h.segments.drain_freed(), epoch))
 
     def send_restore(self, worker_id: int, state: bytes) -> None:
-        """Tell a replacement worker where its IterableDataset stream resumes."""
+        """Tell a worker where its dataset replica resumes (`WorkerPool.send_restore`)."""
         h = self._handles[worker_id]
         assert h is not None
         self._send(h, Restore(state))

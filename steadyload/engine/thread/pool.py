@@ -44,7 +44,7 @@ import torch
 from ...pickling import not_copyable
 from ..config import WorkerConfig
 from ..events import Died, GlobalRngDrawn
-from ..fetch import ITERABLE
+from ..fetch import ITERABLE, stateful
 from ..pool import THREAD, Kind
 from ..protocol import Reset, Restore, Stop, Task
 from ..status import IDLE, Progress
@@ -189,9 +189,11 @@ class ThreadPool:
         self._generations[worker_id] += 1
         w = WorkerThread(worker_id, self._generations[worker_id], self._clock())
         cfg = self._config
-        # A stream's iterator and worker_init_fn's sharding write to the dataset: one
-        # replica per thread, as per process. A map-style dataset is shared.
-        dataset = _replica(cfg.dataset) if cfg.dataset_kind == ITERABLE else cfg.dataset
+        # A stream's iterator and worker_init_fn's sharding write to the dataset, and a
+        # dataset with its own state_dict() keeps each worker's state: one replica per
+        # thread, as per process. Any other map-style dataset is shared.
+        own = cfg.dataset_kind == ITERABLE or stateful(cfg.dataset)
+        dataset = _replica(cfg.dataset) if own else cfg.dataset
         w.thread = threading.Thread(
             target=thread_main, args=(cfg, dataset, w, self._events),
             name=f"steadyload-thread-{worker_id}", daemon=True,
@@ -260,7 +262,7 @@ class ThreadPool:
             w.inbox.put(Task(task_id, indices, (), epoch))
 
     def send_restore(self, worker_id: int, state: bytes) -> None:
-        """Tell a replacement thread where its IterableDataset stream resumes."""
+        """Tell a thread where its dataset replica resumes (`WorkerPool.send_restore`)."""
         w = self._workers[worker_id]
         if w is not None:
             w.inbox.put(Restore(state))
