@@ -31,6 +31,7 @@ from .worker_count import AutoChoice, resolve_num_workers
 
 _T_co = TypeVar("_T_co", covariant=True)
 
+
 class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in `torch.utils.data.DataLoader` whose workers are supervised and fork-safe.
 
@@ -105,7 +106,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     ``snapshot_every_n_steps`` is torchdata's ``StatefulDataLoader`` keyword, accepted so
     that switching is a one-line change: steadyload's `state_dict` is exact after every
-    batch whatever it is (each batch carries its worker's stream position), so it changes
+    batch whatever it is (each batch carries its worker's dataset position), so it changes
     nothing.
 
     Raises:
