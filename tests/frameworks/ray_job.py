@@ -124,6 +124,8 @@ def main() -> None:
              runtime_env={"env_vars": {"PYTHONPATH": root}})  # fmt: skip
     try:
         init_s = time.monotonic() - t
+        # Where Ray's node lives: loopback only on these machines (set by __main__ below).
+        addresses = sorted({node["NodeManagerAddress"] for node in ray.nodes()})
         trainer = TorchTrainer(
             train_func, train_loop_config={"out": str(out)},
             scaling_config=ScalingConfig(num_workers=2, use_gpu=False,
@@ -133,10 +135,15 @@ def main() -> None:
         t = time.monotonic()
         result = trainer.fit()
         print(json.dumps({"init_s": round(init_s, 2), "fit_s": round(time.monotonic() - t, 2),
-                          "error": repr(result.error) if result.error else None}))  # fmt: skip
+                          "error": repr(result.error) if result.error else None,
+                          "node_addresses": addresses}))  # fmt: skip
     finally:
         ray.shutdown()
 
 
 if __name__ == "__main__":
+    # Ray on Linux binds every node to the machine's routable address unless told: this
+    # makes it use 127.0.0.1 throughout (these machines must stay on loopback).
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     main()
