@@ -1,8 +1,9 @@
 """What decides an epoch's index order, captured when the epoch begins and re-created on resume.
 
 An epoch's batches follow from the random generators its sampler draws from, as they were
-when the epoch began (plus a stateful sampler's own state, and a DistributedSampler's
-epoch). `capture` records those; `replay` sets them back and re-creates the sampler's
+when the epoch began (plus a stateful sampler's own state, or that of the iterator it
+returns, reached through `sampler_iterator`, and a DistributedSampler's epoch). `capture`
+records those; `replay` sets them back and re-creates the sampler's
 iterator, skipping the index batches already yielded: microseconds per batch, because no
 data is loaded. `Indices` numbers what the sampler yields, so that the iterators can say
 which batches were yielded (`YieldedBatches`). Used by `checkpoint.py`
