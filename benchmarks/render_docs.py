@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -459,6 +460,161 @@ def auto_choice(data: dict[str, Any]) -> Section:
     return lines, []
 
 
+REMOTE_FAULTS = {
+    "sl-node": "steadyload, node removed",
+    "sl-sigkill": "steadyload, actor SIGKILLed",
+    "torch-sigkill": "torch, worker SIGKILLed",
+    "raydata-node": "Ray Data, node removed",
+}
+
+
+def _workers_label(name: str) -> str:
+    """``sl-local-2`` -> "0 remote (2 local processes)", ``sl-remote-4`` -> "4 remote"."""
+    kind, _, k = name.rpartition("-")
+    if kind == "sl-local":
+        return f"0 remote ({k} local process{'' if k == '1' else 'es'})"
+    return f"{k} remote" if kind == "sl-remote" else name
+
+
+def _secs(x: float | None, unit: str = "s", scale: float = 1.0, digits: int = 2) -> str:
+    return "-" if x is None else f"{x * scale:.{digits}f} {unit}"
+
+
+def remote(data: dict[str, Any]) -> Section:
+    params, summary = data["params"], data["summary"]
+    reps = params["reps"]
+
+    scaling = []
+    for name, r in summary["scaling"].items():
+        rate, ideal = r.get("rate"), r.get("ideal")
+        mark = "" if r.get("same", True) else " ‡"
+        if rate is None:
+            cells = ["failed", _rate(ideal) if ideal else "-", "-", "-"]
+        else:
+            cells = [f"{_rate(rate)}{mark}" + (f" ({rate / ideal:.2f}x)" if ideal else ""),
+                     _rate(ideal) if ideal else "-", _secs(r.get("first_s")),
+                     _secs(r.get("cpu_ms"), "ms")]
+        k = name.rpartition("-")[2]
+        rd_runs = data.get("scaling", {}).get(f"raydata-{k}") if name.startswith(
+            "sl-remote-") else None
+        if r.get("raydata_rate"):
+            epoch = r.get("ratio_epoch")
+            cells += [_rate(r["raydata_rate"]) + ("" if r.get("raydata_all_rows", True)
+                                                   else " ‡"),
+                      f"{_secs(r.get('raydata_first_s'))} / {_secs(r.get('raydata_cpu_ms'), 'ms')}",
+                      f"{r['ratio_steady']:.2f}x / "
+                      + (f"{epoch:.2f}x" if epoch is not None else "-")]
+        elif rd_runs:
+            cells += ["failed", "-", "-"]
+        else:
+            cells += ["-", "-", "-"]
+        scaling.append([_workers_label(name), *cells])
+
+    jpeg_sum = summary.get("jpeg", {})
+    jpeg_local = next((r for n, r in jpeg_sum.items()
+                       if n.startswith("sl-local-") and isinstance(r, dict)), {})
+    jpeg = []
+    for name, r in jpeg_sum.items():
+        if not isinstance(r, dict):
+            continue
+        rate, base = r.get("rate"), jpeg_local.get("rate")
+        ratio = (f" ({rate / base:.2f}x)" if rate and base and name.startswith("sl-remote-")
+                 else "")
+        jpeg.append([_workers_label(name).removeprefix("0 remote (").removesuffix(")"),
+                     f"{_rate(rate)}{ratio}" if rate else "failed", _secs(r.get("first_s")),
+                     _secs(r.get("epoch_s")), _secs(r.get("cpu_ms"), "ms")])
+
+    workloads = {"sleep": f"{params['sleep_ms']:g} ms wait per sample, batch {params['batch']}",
+                 "jpeg": f"JPEG decode + resize, batch {params['jpeg_batch']}"}
+    overhead = []
+    for name, o in summary.get("overhead", {}).items():
+        firsts = [r["first_s"] for r in data.get("overhead", {}).get(name, [])
+                  if r.get("first_s") is not None]
+        overhead.append([
+            workloads.get(name, name),
+            f"{_secs(o['p50_ms'], 'ms')} / {_secs(o['p99_ms'], 'ms')} ({o['n']} batches)",
+            f"{_secs(o['collector_p50_ms'], 'ms')} / {_secs(o['collector_p99_ms'], 'ms')}",
+            f"{o['bytes_back_per_sample']:,.0f} B / {o['bytes_sent_per_sample']:,.0f} B",
+            _secs(statistics.median(firsts) if firsts else None),
+        ])
+
+    fault_rows = summary.get("faults", {})
+    faults = []
+    for key in [*(k for k in REMOTE_FAULTS if k in fault_rows),
+                *(k for k in fault_rows if k not in REMOTE_FAULTS)]:
+        f = fault_rows[key]
+        if not isinstance(f, dict) or "delivered" not in f:
+            continue
+        stall = "-" if f.get("stall_s") is None else (
+            f"{f['stall_s']:.2f} s"
+            + (f" ({f['normal_gap_s'] * 1e3:.0f} ms)" if f.get("normal_gap_s") else ""))
+        faults.append([REMOTE_FAULTS.get(key, key), f"{f['delivered']} of {f['n']}",
+                       str(f["lost"]), str(f["duplicated"]), "yes" if f["in_order"] else "no",
+                       stall, f"`{f['error'].replace('|', '/')}`" if f.get("error")
+                       else "completed"])
+
+    lines = [
+        "## Remote workers",
+        "",
+        "steadyload's remote workers (Ray actors) against local process workers, Ray Data and",
+        "torch, in one run: one Ray cluster on loopback, a head with no CPU (the training",
+        "process) and two 1-CPU worker nodes. Each remote worker is an actor asking for",
+        (f"{params['num_cpus_per_actor']:g} CPU; the loaders are remote-only "
+         "(`num_workers=0`). Every epoch is a"),
+        "fresh loader, so starting its actors counts. The nodes, Ray's own processes and the",
+        "training process share the machine's cores: the wait-bound workload shows how the",
+        "protocol scales, not how CPUs do. "
+        + (f"Repetitions interleaved, medians of {reps}." if reps > 1
+           else "One repetition of each configuration."),
+        "",
+        *_provenance(data),
+        (f"Scaling, on a workload that waits {params['sleep_ms']:g} ms per sample "
+         "(the CPU free), batch"),
+        (f"{params['batch']}, {params['samples_per_worker']} samples per worker. "
+         "samples/s is the steady rate, from the k-th"),
+        "batch to the last (in brackets: against the linear ideal, k times the rate of one",
+        "local process worker). The first batch is timed from building the loader, its actors",
+        "not yet started. Trainer CPU is the training process's CPU time per batch over the",
+        "same batches (a local worker's own CPU is not in it; Ray Data's threads in that",
+        "process are). Ray Data runs the same wait in `map_batches` over k tasks with the same",
+        "CPU share, read with `iter_torch_batches`; the ratio is steadyload's samples/s over",
+        "Ray Data's, steady and over the whole epoch. ‡ marks an epoch whose batches were not",
+        "torch's in torch's order (for Ray Data, whose order is its own: not every row once).",
+        "",
+        *_table(["workers", "samples/s (vs linear)", "linear ideal", "first batch",
+                 "trainer CPU per batch", "Ray Data, k tasks: samples/s",
+                 "Ray Data: first batch / trainer CPU per batch",
+                 "steadyload / Ray Data: steady / whole epoch"], scaling),
+        (f"JPEG decode + resize to 224x224, batch {params['jpeg_batch']}, "
+         f"{params['jpeg_samples']} samples: local process"),
+        "workers against as many remote workers on the same cores (in brackets: remote against",
+        "local).",
+        "",
+        *_table(["workers", "samples/s", "first batch", "epoch", "trainer CPU per batch"], jpeg),
+        "Overhead per batch, 2 remote workers with `prefetch_factor=1` (no task waits behind",
+        "another in an actor): the added latency is the time from sending a task to the",
+        "iterator having its batch, less the time the actor spent loading it; beside it, the",
+        "same up to the collector thread receiving the batch. The first task of each actor (it",
+        "waits for the actor's start) is left out. Bytes per sample are the pickled size of",
+        "what a task returns and of what is sent to it.",
+        "",
+        *_table(["workload", "added latency p50 / p99", "at the collector thread p50 / p99",
+                 "bytes per sample back / sent", "first batch"], overhead),
+        (f"After a fault: an epoch of {params['fault_samples']} samples, batch 4, "
+         "the same wait per sample, 2"),
+        "workers (Ray Data: 2 tasks). After the 10th batch, from another thread while the loop",
+        "keeps iterating, a node is removed (that of remote worker 0, or the one that made Ray",
+        "Data's latest batch) or a worker process is SIGKILLed. Samples delivered, lost and",
+        "duplicated are counted against the expected sequence; the stall is the longest gap",
+        "between batches from the fault on (in brackets: the mean gap before it).",
+        "",
+        *_table(["loader, fault", "delivered", "lost", "duplicated", "order kept",
+                 "stall (gap before)", "the epoch"], faults),
+        *_notes(data),
+    ]
+    return lines, []
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], Section]] = {
     "foundation": foundation,
     "peers": peers,
@@ -470,6 +626,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], Section]] = {
     "short_epoch": short_epoch,
     "auto_choice": auto_choice,
     "auto_choice_hog": auto_choice,
+    "remote": remote,
 }
 
 HEADER = [

@@ -18,6 +18,7 @@ from ._version import __version__ as __version__
 from .per_worker import per_worker as per_worker  # noqa: E402
 
 if TYPE_CHECKING:
+    from .engine.remote.spec import RemoteWorkers as RemoteWorkers
     from .errors import MainGuardError as MainGuardError
     from .errors import NotPicklableError as NotPicklableError
     from .errors import SharedMemoryError as SharedMemoryError
@@ -40,6 +41,7 @@ _EXPORTS = {
     "LoaderReport": ".report",
     "MainGuardError": ".errors",
     "NotPicklableError": ".errors",
+    "RemoteWorkers": ".engine.remote.spec",
     "SharedDict": ".memory.shared_list",
     "SharedMemoryError": ".errors",
     "SharedList": ".memory.shared_list",

@@ -27,6 +27,7 @@ import torch
 import torch.utils.data as tud
 
 from .engine.fetch import ITERABLE, restore_replica
+from .engine.remote.spec import all_workers
 from .epoch_order import (
     EpochStart,
     Indices,
@@ -148,7 +149,7 @@ class Checkpoints:
             set_generators(loader, pending["rng"], include_global=loader.generator is None)
             load_samplers(loader, pending["samplers"])
             saved = pending["dataset_states"]
-            if saved is not None and loader.num_workers == 0:
+            if saved is not None and all_workers(loader) == 0:
                 # The dataset object the saving run went on with, as it was at the save:
                 # before the draws (its state may be a generator's; in workers it is not ours)
                 restore_replica(loader._dataset_kind, loader.dataset, saved["workers"][0])
@@ -278,7 +279,7 @@ class Checkpoints:
             "dataset_len": _dataset_len(loader),
             "batch_size": loader.batch_size,
             "drop_last": loader.drop_last,
-            "num_workers": loader.num_workers,
+            "num_workers": all_workers(loader),
             "persistent": persistent(loader),
             "dataset_states": (
                 saved_positions(loader, at.positions) if at.positions is not None else None
@@ -320,11 +321,11 @@ class Checkpoints:
                     "the remaining batches of the saved epoch would be different ones.",
                     "build the loader with the same dataset and arguments as the saved one.",
                 )
-        if state["dataset_states"] is not None and state["num_workers"] != loader.num_workers:
+        if state["dataset_states"] is not None and state["num_workers"] != all_workers(loader):
             raise fail(
                 f"this loader state holds the dataset's own state (state_dict()) per worker, "
                 f"saved with num_workers={state['num_workers']}, and this loader has "
-                f"num_workers={loader.num_workers}.",
+                f"num_workers={all_workers(loader)} (remote workers count too).",
                 "each worker has its own replica of the dataset (an IterableDataset also splits "
                 "its stream between them), so a worker's state only means something with the "
                 "same number of workers.",

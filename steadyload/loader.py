@@ -18,30 +18,30 @@ import torch.utils.data
 from ._system import parse_bytes
 from .arguments import checked_snapshot_steps, torch_arguments
 from .checkpoint import Checkpoints, Mark
-from .engine.choice.worker_kind import WorkerChoice, static_choice
-from .engine.factory import THREADS, PoolPlan
+from .engine.choice.worker_kind import WorkerChoice
+from .engine.remote.spec import RemoteWorkers, all_workers, remote_spec
 from .iterators.in_process import InProcessIterator
 from .iterators.record import History, RunRecord, not_started
 from .iterators.workers import WorkerIterator
 from .options import OPTION_NAMES, LoaderOptions, options_of
+from .plans import WorkerPlans
 from .rebuild_watch import caller_frame, note_read
 from .report import LoaderReport
-from .start.context import StartInfo, resolve_context, warms_in_background
+from .start.context import StartInfo
 from .worker_count import AutoChoice, resolve_num_workers
 
 _T_co = TypeVar("_T_co", covariant=True)
 
 
-class DataLoader(torch.utils.data.DataLoader[_T_co]):
+class DataLoader(WorkerPlans, torch.utils.data.DataLoader[_T_co]):
     """A drop-in `torch.utils.data.DataLoader` whose workers are supervised and fork-safe.
 
     Takes torch's arguments with torch's meaning and yields the same batches (for the same
     ``generator`` seed, also the same random values drawn inside workers). With
     ``num_workers > 0`` the workers are steadyload's: started with forkserver by default
-    (torch, the steadyload worker and the dataset's module preloaded in the fork server),
-    watched through their process sentinels so that a death is reported at once as
-    `steadyload.WorkerDiedError` naming the worker, its exit signal and the samples it held,
-    and batches cross over in pooled shared memory.
+    (torch, steadyload and the dataset's module preloaded in the fork server), watched so
+    that a death is reported at once as `steadyload.WorkerDiedError` naming the worker, its
+    exit signal and the samples it held; batches cross over in pooled shared memory.
 
     ``num_workers="auto"`` times a few samples (indices 0, 1, ...) in this process, your
     RNGs restored, and picks enough workers to deliver a batch every 5 ms, at most the
@@ -54,14 +54,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         start_method: "auto" (default: forkserver on Linux, spawn elsewhere), "forkserver",
             "spawn", "fork" or "zygote". fork is refused while a CUDA/ROCm context exists,
             because forked workers then deadlock. "zygote" (Linux, opt-in) forks a fork
-            server from this process once, when the first such loader is built, and
-            forks every worker from it: workers share this process's memory (torch
-            included, unlike forkserver's server) and later GPU use here is
-            safe, but it is refused if a CUDA/ROCm context exists at that moment, and the
-            zygote keeps this process's memory as it was then. Build that first loader
-            (or call ``steadyload.prestart(start_method="zygote")``) right after importing
-            torch, before using the GPU or loading large things; see
-            docs/design/zygote.md. An explicit ``multiprocessing_context`` wins.
+            server from this process once, when the first such loader is built, and forks
+            every worker from it: workers share this process's memory (torch included)
+            and later GPU use here is safe; refused if a CUDA/ROCm context exists then.
+            Build that first loader (or call ``steadyload.prestart(start_method=
+            "zygote")``) right after importing torch; see docs/design/zygote.md. An
+            explicit ``multiprocessing_context`` wins.
         max_restarts: how many dead or hung workers are replaced per epoch (default 3).
             The replacement has the same worker id and seed and re-runs every batch the
             dead worker held, so no sample is lost or repeated and the order stays. Three
@@ -103,11 +101,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             Rust, big tensor copies) or on free-threaded Python. "auto" starts on threads,
             measures how busy they keep the GIL, and hands over to processes if it is
             (`report()` gives the figures). See docs/guide/threads.md.
+        remote_workers: workers on other machines, as Ray actors (``pip install
+            "steadyload[ray]"``): an int, a ``(min, max)`` range grown while the training
+            loop waits for data, or `steadyload.RemoteWorkers` for placement. They serve
+            beside the ``num_workers`` local ones (worker ids after theirs), with every
+            promise above; see docs/guide/remote.md.
 
-    ``snapshot_every_n_steps`` is torchdata's ``StatefulDataLoader`` keyword, accepted so
-    that switching is a one-line change: steadyload's `state_dict` is exact after every
-    batch whatever it is (each batch carries its worker's dataset position), so it changes
-    nothing.
+    ``snapshot_every_n_steps`` (torchdata's keyword) is accepted and changes nothing: the
+    `state_dict` is exact after every batch (each batch carries its worker's position).
 
     Raises:
         ValueError: for the argument combinations torch rejects, with torch's messages, and
@@ -144,6 +145,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         max_worker_memory: str | int | None = None,
         sample_seeds: bool = False,
         worker_type: str = "process",
+        remote_workers: int | tuple[int, int] | RemoteWorkers | None = None,
     ) -> None:
         # "auto" becomes a count before torch validates it (tuning.py; seconds at most).
         num_workers, auto = resolve_num_workers(
@@ -161,7 +163,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.max_worker_memory = max_worker_memory
         self.sample_seeds = sample_seeds
         self.worker_type = worker_type
+        self.remote_workers = remote_workers
         self._options = self._checked_options()
+        remote_only = num_workers == 0 and self._options.remote is not None
         # Keywords only: Lightning records the arguments of the outermost __init__ it has
         # wrapped, which is torch's when this class was created inside a loader hook; it then
         # passes sampler= again, which positional arguments would duplicate.
@@ -179,11 +183,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             worker_init_fn=worker_init_fn,
             multiprocessing_context=multiprocessing_context,
             generator=generator,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers,
+            prefetch_factor=None if remote_only else prefetch_factor,
+            persistent_workers=False if remote_only else persistent_workers,
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        if remote_only:  # torch refuses both without local workers; remote ones use them
+            self.prefetch_factor = prefetch_factor
+            object.__setattr__(self, "persistent_workers", persistent_workers)  # torch's guard
         # Written again now that torch's __init__ has returned: when this class was created
         # inside a Lightning loader hook, Lightning saved torch's arguments only, and it
         # replays on the loader it rebuilds just the attribute writes made after them.
@@ -195,10 +202,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._history = History()  # every epoch's report, for report(all_epochs=True)
         self._checkpoints = Checkpoints()  # epoch number and resume state (checkpoint.py)
         self._report_every: tuple[float, Callable[[LoaderReport], None]] | None = None
-        if (
-            num_workers > 0 and worker_type == "process"
-            and not getattr(multiprocessing.current_process(), "_inheriting", False)
-        ):
+        inheriting = getattr(multiprocessing.current_process(), "_inheriting", False)
+        if num_workers > 0 and worker_type == "process" and not inheriting:
             # Start the fork server now, so that its imports overlap with the caller's
             # set-up (building the model). Not while this process is itself a worker
             # importing the main script: a loader built at top level is harmless there.
@@ -254,7 +259,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def check_worker_number_rationality(self) -> None:
         """torch's warning about more workers than CPUs; not for threads (they overlap I/O)."""
-        if getattr(self, "worker_type", "process") != "thread":
+        if getattr(self, "worker_type", "process") != "thread" and self.num_workers > 0:
             super().check_worker_number_rationality()
 
     def _carry_on_from(self, other: DataLoader[Any]) -> None:
@@ -275,39 +280,24 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             max_worker_memory_bytes=parse_bytes(self.max_worker_memory, "max_worker_memory"),
             sample_seeds=bool(self.sample_seeds),
             worker_type=self.worker_type,
+            remote=remote_spec(self.remote_workers),
         )
 
-    def _pool_plan(self) -> PoolPlan:
-        """This iterator's workers: processes (their context), threads, or, with "auto"
-        undecided, threads that may hand over to processes (engine/choice/handover.py)."""
-        kind = self._options.worker_type
-        if kind == "auto":
-            last = self._last_run
-            if self._worker_choice is None and last is not None and last.auto_kind:  # decided
-                self._worker_choice = WorkerChoice(last.auto_kind, last.worker_type_choice or "")
-            if self._worker_choice is None:
-                self._worker_choice = static_choice(self, self._options.max_worker_memory_bytes)
-            if self._worker_choice is None:  # measured on the first batches
-                warm = warms_in_background(self._options.start_method, self.multiprocessing_context)
-                return PoolPlan("auto", processes=self._start_context, warm=warm)
-            kind = self._worker_choice.kind
-        if kind == "thread":
-            return THREADS
-        return PoolPlan("process", *self._start_context())
-
-    def _start_context(self) -> tuple[multiprocessing.context.BaseContext, StartInfo]:
-        """The workers' context and how it was chosen (decided once per loader)."""
-        explicit = self.multiprocessing_context
-        if self._start is None or (explicit is not None and self._start[0] is not explicit):
-            module = type(self.dataset).__module__
-            self._start = resolve_context(self._options.start_method, explicit, module)
-        return self._start
+    def __iter__(self) -> Any:
+        """torch's, with persistent workers kept also when all of them are remote."""
+        if self.persistent_workers and self.num_workers == 0 and all_workers(self) > 0:
+            if self._iterator is None:
+                self._iterator = self._get_iterator()
+            else:
+                self._iterator._reset(self)
+            return self._iterator
+        return super().__iter__()
 
     def _get_iterator(self) -> Any:
         self._options = self._checked_options()  # the attributes may have been set since
         self._checkpoints.before_iterator(self)  # a resume undoes the base seed's draw
         iterator: InProcessIterator | WorkerIterator
-        if self.num_workers == 0:
+        if self.num_workers == 0 and self._options.remote is None:
             iterator = InProcessIterator(self, self._options, self._checkpoints, self._history)
         else:
             plan = self._pool_plan()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .engine.remote.spec import RemoteWorkers
 from .start.context import START_METHODS
 
 ON_ERROR = ("raise", "skip")
@@ -16,7 +17,7 @@ WORKER_TYPES = ("process", "thread", "auto")
 # The DataLoader keyword arguments (and attributes) that hold these options.
 OPTION_NAMES = (
     "start_method", "max_restarts", "on_error", "hang_timeout", "max_worker_memory",
-    "sample_seeds", "worker_type",
+    "sample_seeds", "worker_type", "remote_workers",
 )  # fmt: skip
 
 
@@ -60,6 +61,8 @@ class LoaderOptions:
     """Seed the RNGs before each sample from (base seed, epoch, index)."""
     worker_type: str = "process"
     """"process", "thread", or "auto" (chosen by measurement: engine/choice/worker_kind.py)."""
+    remote: RemoteWorkers | None = None
+    """Remote workers (Ray actors) beside the local ones (engine/remote/)."""
 
     def __post_init__(self) -> None:
         if self.start_method not in START_METHODS:

@@ -13,12 +13,13 @@ from typing import Any
 import torch.utils.data as tud
 
 from .engine.fetch import ITERABLE, stateful
+from .engine.remote.spec import all_workers
 from .epoch_order import YieldedBatches
 
 
 def persistent(loader: tud.DataLoader[Any]) -> bool:
     """Whether the loader keeps its workers between epochs."""
-    return bool(loader.persistent_workers and loader.num_workers > 0)
+    return bool(loader.persistent_workers and all_workers(loader) > 0)
 
 
 def fail(what: str, why: str, fix: str) -> ValueError:
@@ -82,7 +83,7 @@ def replica_positions(
     if not iterable and not stateful(loader.dataset):
         return None  # the sampler's replay is the whole position
     workers: dict[int, bytes | None]
-    if loader.num_workers == 0:  # one dataset object, which may keep its position across
+    if all_workers(loader) == 0:  # one dataset object, which may keep its position across
         # epochs (an IterableDataset that is its own iterator): saved even before a batch
         try:
             position = progress.in_process() if progress.in_process is not None else None
@@ -101,7 +102,7 @@ def replica_positions(
     else:
         workers = dict(progress.streams)
     if any(position is None for position in workers.values()):
-        if ended or (loader.num_workers == 0 and progress.yielded.count == 0):
+        if ended or (all_workers(loader) == 0 and progress.yielded.count == 0):
             return None  # nothing to carry over, or nothing read yet: a fresh start is exact
         raise fail(
             f"steadyload cannot save the position of {type(loader.dataset).__qualname__} "
@@ -121,7 +122,7 @@ def replica_positions(
 def saved_positions(loader: tud.DataLoader[Any], positions: dict[str, Any]) -> dict[str, Any]:
     """A mark's positions as a state holds them: plain objects (JSON-able when the dataset's
     states are), in a list by worker id (None: a fresh start)."""
-    workers: list[Any] = [None] * max(loader.num_workers, 1)
+    workers: list[Any] = [None] * max(all_workers(loader), 1)
     for worker_id, blob in positions["workers"].items():
         workers[worker_id] = pickle.loads(blob)
     return {**positions, "workers": workers}

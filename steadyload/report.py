@@ -44,6 +44,11 @@ class WorkerReport:
     """Its loading speed: samples over the time it spent loading them. [Unit: 1/second]"""
     busy_share: float | None = None
     """The share of its life it spent loading (near 1: the workers are the bottleneck)."""
+    node: str | None = None
+    """A remote worker's Ray node, "<node id> (<address>)"; None for a local worker."""
+    rss_bytes: int | None = None
+    """A remote worker's resident memory after its latest batch, as it reported it (its
+    USS cannot be sampled from here). [Unit: byte]"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +138,8 @@ class LoaderReport:
             share of the epoch (a generator that raised cannot go on).
         rows_lost: rows those cut streams did not deliver, when ``len(dataset)`` tells
             (None: no stream was cut, or the total is unknown).
+        scaling: with ``remote_workers=(min, max)``, each change of the remote pool's size
+            (`at_s`, `workers`, `change`, `stall_share`, `batches_per_s`, `reason`, `epoch`).
         num_workers_choice: with ``num_workers="auto"``, what was chosen and why.
         worker_type_choice: with ``worker_type="auto"``, threads or processes, and the
             figures that decided it.
@@ -161,6 +168,7 @@ class LoaderReport:
     epochs: int = 1
     streams_cut: tuple[StreamCut, ...] = ()
     rows_lost: int | None = None
+    scaling: tuple[Any, ...] = ()
 
     def __str__(self) -> str:
         how = f", start method {self.start_method}" if self.start_method else ""
@@ -211,10 +219,21 @@ class LoaderReport:
                     f"{rate:>9s}  {busy:>4s}  {_mib(w.uss_bytes):>8s}  "
                     f"{_mib(w.pss_bytes):>8s}  {_mib(w.peak_uss_bytes):>8s}  {epochs}"
                 )
+            for w in self.workers:
+                if w.node is not None:
+                    lines.append(f"  worker {w.worker_id} is remote: Ray node {w.node}, "
+                                 f"RSS {_mib(w.rss_bytes)}")  # fmt: skip
         when = (lambda epoch: f"epoch {epoch}: ") if self.epochs > 1 else (lambda epoch: "")
+        for d in self.scaling:
+            lines.append(
+                f"  remote pool: {when(d.epoch)}{'grew' if d.change > 0 else 'shrank'} to "
+                f"{d.workers} at {d.at_s:.1f} s ({d.reason}; {d.batches_per_s:.1f} batches/s)"
+            )
         for r in self.restarts:
             sample = f" while loading sample {r.sample!r}" if r.sample is not None else ""
             who = "all workers: " if r.worker_id == -1 else f"worker {r.worker_id} "
+            if r.worker_id == -1 and r.pid is None:  # a lost node: the cause names them
+                who = ""
             lines.append(
                 f"  restart: {when(r.epoch)}{who}(pid {r.pid}) {r.cause}{sample}; "
                 f"{r.batches_rerun} batch(es) re-run"

@@ -12,6 +12,11 @@ from collections.abc import Callable, Iterator
 import psutil
 import pytest
 
+# Ray on loopback only, for every Ray start in the tests (Ray reads it when imported; on
+# Linux it would otherwise use the machine's routable address): test_remote.py checks it.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
 
 def wait_until(
     predicate: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.05,
@@ -67,6 +72,16 @@ def _shm_files() -> set[str]:
         return set()
 
 
+def _describe_fds(fds: set[int]) -> list[str]:
+    out = []
+    for fd in sorted(fds):
+        try:
+            out.append(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            out.append(str(fd))
+    return out
+
+
 def _fds() -> set[int]:
     return {int(n) for n in os.listdir("/proc/self/fd")}
 
@@ -105,5 +120,5 @@ def no_leaks() -> Iterator[None]:
     wait_until(lambda: not (_children() - children), 10, what="all worker processes to exit")
     assert not (_shm_files() - shm), f"/dev/shm files left behind: {_shm_files() - shm}"
     wait_until(lambda: (gc.collect() or True) and not (_fds() - fds), 5,
-               what=f"file descriptors to be closed (new: {sorted(_fds() - fds)})")
+               what=f"file descriptors to be closed (new: {_describe_fds(_fds() - fds)})")
     assert not multiprocessing.active_children() or True  # reaped above via psutil

@@ -57,6 +57,8 @@ class Died:
     abandoned hang; ``exitcode`` None)."""
     raised: str = ""
     """A thread's: what escaped the dataset's code ("SystemExit: 3"); empty for a hang."""
+    remote: Any = None
+    """A remote worker's (``kind`` "remote"): why it is gone (`remote.causes.RemoteCause`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,17 @@ class ServerDied:
     """Its exit code (negative: the signal); None when unknown (reaped by someone else)."""
     workers: tuple[tuple[int, int | None, Progress | None], ...]
     """(worker id, pid, what it was doing) of each worker it took with it."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLost:
+    """Event (worker id -1): a Ray node left the cluster with remote workers on it: one
+    event for all of them, not one death each."""
+
+    cause: Any
+    """Why (`remote.causes.RemoteCause`): the node, its address, Ray's reason."""
+    workers: tuple[tuple[int, int | None, Progress | None], ...]
+    """(worker id, pid, what it was doing) of each remote worker it took with it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,9 @@ from .config import WorkerConfig
 from .events import ServerGone
 from .pool import WorkerPool
 from .process.pool import ProcessPool
+from .remote.mixed import MixedPool
+from .remote.pool import RemotePool
+from .remote.spec import RemoteWorkers
 from .thread.pool import ThreadPool
 
 
@@ -24,8 +27,9 @@ from .thread.pool import ThreadPool
 class PoolPlan:
     """What kind of pool a loader's iterator starts."""
 
-    kind: Literal["process", "thread", "auto"]
-    """"auto": threads at once, processes when the work needs them (choice/)."""
+    kind: Literal["process", "thread", "auto", "remote"]
+    """"auto": threads at once, processes when the work needs them (choice/); "remote":
+    remote workers only."""
     context: BaseContext | None = None
     """The processes' multiprocessing context ("process")."""
     start: StartInfo | None = None
@@ -35,6 +39,8 @@ class PoolPlan:
     warm: bool = False
     """"auto": resolving ``processes`` only starts a fork server in the background (no fork
     of this process), so it may be done as soon as the figures lean to processes."""
+    remote: RemoteWorkers | None = None
+    """Remote workers (Ray actors) beside the local ones, with the ids after theirs."""
 
     @property
     def start_method(self) -> str | None:
@@ -54,8 +60,32 @@ def make_pool(
     plan: PoolPlan, config: WorkerConfig, num_workers: int,
     process_checks: Callable[[str], None],
 ) -> WorkerPool:  # fmt: skip
-    """A started pool for ``plan``. ``process_checks(start_method)`` runs before processes
-    start under "auto" (the checks "process" plans had when the loader was built)."""
+    """A started pool for ``plan`` (``num_workers``: local and remote together).
+    ``process_checks(start_method)`` runs before processes start under "auto" (the checks
+    "process" plans had when the loader was built)."""
+    if plan.remote is not None:
+        local_count = num_workers - plan.remote.maximum
+        remote = RemotePool(config, plan.remote, local_count)
+        if local_count == 0:
+            return _started(remote)
+        local = _local_pool(plan, config, local_count, process_checks, start=False)
+        return _started(MixedPool(local, remote, local_count))
+    return _local_pool(plan, config, num_workers, process_checks, start=True)
+
+
+def _started(pool: WorkerPool) -> WorkerPool:
+    try:
+        pool.start()
+    except BaseException:
+        pool.shutdown()  # threads or actors started before the failure, the sockets
+        raise
+    return pool
+
+
+def _local_pool(
+    plan: PoolPlan, config: WorkerConfig, num_workers: int,
+    process_checks: Callable[[str], None], *, start: bool,
+) -> WorkerPool:  # fmt: skip
     pool: WorkerPool
     if plan.kind == "auto":
         assert plan.processes is not None
@@ -65,6 +95,8 @@ def make_pool(
     else:
         assert plan.context is not None
         process_pool = ProcessPool(plan.context, config, num_workers)
+        if not start:
+            return process_pool
         try:
             process_pool.start()
         except ServerGone as gone:  # found dead at the start: one restart, then as usual
@@ -72,9 +104,4 @@ def make_pool(
             process_pool = ProcessPool(plan.context, config, num_workers)
             process_pool.start()
         return process_pool
-    try:
-        pool.start()
-    except BaseException:
-        pool.shutdown()  # threads started before the failure, the outbox's sockets
-        raise
-    return pool
+    return _started(pool) if start else pool

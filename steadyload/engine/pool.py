@@ -18,9 +18,10 @@ from .interrupts import interrupts_allowed
 from .status import Progress
 from .transport import channel
 
-Kind = Literal["process", "thread"]
+Kind = Literal["process", "thread", "remote"]
 PROCESS: Kind = "process"
 THREAD: Kind = "thread"
+REMOTE: Kind = "remote"
 
 
 class WorkerPool(Protocol):
@@ -30,7 +31,8 @@ class WorkerPool(Protocol):
 
     @property
     def kind(self) -> Kind:
-        """The kind of worker that runs new tasks now ("process" or "thread")."""
+        """The kind of worker that runs new tasks now ("process", "thread"; "remote" for a
+        pool of remote workers only)."""
 
     @property
     def start_method(self) -> str | None:

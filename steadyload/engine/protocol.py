@@ -95,6 +95,8 @@ class Done:
     """Samples in the batch."""
     load_s: float = 0.0
     """Time from the task's start to the batch packed in shared memory. [Unit: second]"""
+    rss_bytes: int = 0
+    """The worker's resident memory after the batch (remote workers; 0: not sent). [Unit: byte]"""
 
 
 @message
@@ -154,6 +156,8 @@ class Ready:
     pid: int
     preload_missing: tuple[str, ...] | None
     """Requested fork-server preloads the server did not import; None when unknown."""
+    node: str = ""
+    """A remote worker's Ray node: "<node id> (<address>)"."""
 
 
 @message

@@ -17,6 +17,7 @@ from .. import limits
 from ..engine.events import (
     Died,
     GlobalRngDrawn,
+    NodeLost,
     Received,
     ReceiveFailed,
     ServerDied,
@@ -73,6 +74,8 @@ class Outcomes:
                     self._stream_state[worker_id] = done.stream_state
                     task.stream_state = done.stream_state
                 record.loaded(worker_id, done.samples, done.load_s)
+                if done.rss_bytes:
+                    record.rss[worker_id] = done.rss_bytes
                 self._empty.learn(batch)
                 if not self._checked_in_flight:
                     self._checked_in_flight = True
@@ -103,6 +106,8 @@ class Outcomes:
                 self._recovery.on_died(pool, worker_id, event)
             case ServerDied():
                 self._recovery.on_server_died(pool, event)
+            case NodeLost():
+                self._recovery.on_node_lost(pool, event)
             case Retire():
                 self._recovery.retiring[worker_id] = event.uss_bytes
             case WorkersChosen():
@@ -137,7 +142,8 @@ class Outcomes:
         asked = pool.started_at(worker_id)
         start_s = pool.clock() - asked if asked is not None else None
         record = self._record
-        record.workers[worker_id] = WorkerReport(worker_id, ready.pid, start_s)
+        record.workers[worker_id] = WorkerReport(worker_id, ready.pid, start_s,
+                                                 node=ready.node or None)  # fmt: skip
         record.ready_at.setdefault(worker_id, time.perf_counter())  # a replacement continues
         if ready.preload_missing and record.preload_missing is None:
             _LOG.warning(

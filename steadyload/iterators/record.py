@@ -22,6 +22,8 @@ class RunRecord:
         history: History | None = None,
     ) -> None:  # fmt: skip
         self.worker_kind = "thread" if kind == "auto" else kind  # auto starts on threads
+        if kind == "remote":
+            self.worker_kind = "remote"
         self.start_method = start_method
         self.preload = preload
         self.preload_missing: tuple[str, ...] | None = None
@@ -31,6 +33,7 @@ class RunRecord:
         self.workers: dict[int, WorkerReport] = {}
         self.memory: Any = None  # callable -> {worker: (uss, pss, peak, epochs)}, if sampled
         self.ready_at: dict[int, float] = {}  # worker -> perf_counter() at its Ready
+        self.rss: dict[int, int] = {}  # remote worker -> resident memory it reported
         self.periodic: tuple[float, Callable[[LoaderReport], None]] | None = None
         self._last_periodic = time.perf_counter()
         self.history = history if history is not None else History()
@@ -42,6 +45,7 @@ class RunRecord:
         self.restarts: list[RestartReport] = []
         self.skipped: list[SkippedSample] = []
         self.streams_cut: list[StreamCut] = []
+        self.scaling: list[Any] = []  # remote_workers=(min, max): each change of the pool
         self.rows_lost: int | None = None
         self.finished = False  # the epoch ran to its end (`ended`)
         self.samples: dict[int, int] = {}  # worker -> samples delivered
@@ -60,7 +64,8 @@ class RunRecord:
     @property
     def eventful(self) -> bool:
         """Whether this epoch did anything worth keeping (a batch, a restart, a skip)."""
-        return bool(self.batches or self.restarts or self.skipped or self.streams_cut)
+        return bool(self.batches or self.restarts or self.skipped or self.streams_cut
+                    or self.scaling)  # fmt: skip
 
     def restarted(self, report: RestartReport) -> None:
         """A worker (or, id -1, all of them) was replaced in this epoch."""
@@ -118,6 +123,8 @@ class RunRecord:
                 uss, pss, peak, epochs = memory[k]
                 w = replace(w, uss_bytes=uss, pss_bytes=pss, peak_uss_bytes=peak,
                             epoch_uss_bytes=tuple(epochs))  # fmt: skip
+            if k in self.rss:
+                w = replace(w, rss_bytes=self.rss[k])
             samples, busy = self.samples.get(k, 0), self.busy_s.get(k, 0.0)
             life = now - max(self.ready_at[k], self.epoch_began) if k in self.ready_at else 0.0
             w = replace(
@@ -144,6 +151,7 @@ class RunRecord:
             epoch=self.epoch,
             streams_cut=tuple(self.streams_cut),
             rows_lost=self.rows_lost,
+            scaling=tuple(self.scaling),
         )
 
 
@@ -203,6 +211,7 @@ class History:
             restarts=tuple(r for p in parts for r in p.restarts),
             skipped=tuple(k for p in parts for k in p.skipped),
             streams_cut=tuple(c for p in parts for c in p.streams_cut),
+            scaling=tuple(d for p in parts for d in p.scaling),
             rows_lost=sum(lost) if lost else None,
             batches=sum(p.batches for p in parts),
             wait_s=wait_s,

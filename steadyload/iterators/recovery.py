@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _system, diagnosis
-from ..engine.events import Died, ServerDied, ServerGone
+from ..engine.events import Died, NodeLost, ServerDied, ServerGone
 from ..engine.pool import THREAD, ServerPool, WorkerPool
+from ..engine.remote.causes import remote_died
 from ..engine.status import IDLE, LOADING, STAGES, STARTING, Progress
 from ..report import RestartReport, SkippedSample
 from .common import flat_indices
@@ -124,6 +125,12 @@ class Recovery:
         method = None if died.kind == THREAD else pool.start_method
 
         def error(outcome: str) -> BaseException:
+            if died.remote is not None:
+                return remote_died(
+                    worker_id=worker_id, pid=died.pid, cause=died.remote, sample_indices=flat,
+                    batches_held=len(held), sample=sample, outcome=outcome,
+                    stream_batches=[t.ordinal for _, t in held] if stream else [],
+                )  # fmt: skip
             if died.raised:
                 return diagnosis.thread_died(
                     worker_id=worker_id, raised=died.raised, traceback=died.stacks,
@@ -198,6 +205,8 @@ class Recovery:
         cause = f"killed by {name}" if name else f"exited with status {died.exitcode}"
         if died.raised:
             cause = f"ended by {died.raised}"
+        if died.remote is not None:
+            cause = died.remote.short
         self._replace(pool, worker_id, died, held, cause, sample, budget=True, log=error(""))
 
     def _skip_killer(self, task_id: int | None, sample: Any, died: Died) -> None:
@@ -253,6 +262,46 @@ class Recovery:
             pool.send_restore(worker_id, self._stream_state[worker_id])
         for tid, task in self._table.held_by(worker_id):
             pool.send_task(worker_id, tid, task.indices, self._table.epoch)
+
+    def on_node_lost(self, pool: WorkerPool, lost: NodeLost) -> None:
+        """A Ray node left with remote workers on it: one event, one restart. Each of its
+        workers is started again elsewhere and re-runs its tasks in order."""
+        table = self._table
+        workers = sorted(w for w, _, _ in lost.workers)
+        held = {w: table.held_by(w) for w in workers}
+        batches = sum(len(h) for h in held.values())
+        flat = [] if self._stream else [
+            i for h in held.values() for _, t in h for i in flat_indices(t.indices)]
+        for w in workers:
+            self._hung.pop(w, None)
+            self.retiring.pop(w, None)
+        table.forget(workers)
+
+        def error(outcome: str) -> BaseException:
+            return remote_died(
+                worker_id=workers[0], pid=None, cause=lost.cause, sample_indices=flat,
+                batches_held=batches, sample=None, stream_batches=[],
+                outcome=f"It took remote workers {workers} with it. {outcome}",
+            )  # fmt: skip
+
+        if self._stream and not self._resumable:
+            raise error("steadyload did not restart them: a stream cannot be replayed.")
+        if table.restarts >= self._opts.max_restarts:
+            raise error(
+                f"steadyload did not restart them: max_restarts={self._opts.max_restarts} "
+                "restarts were already used in this epoch."
+            )
+        table.restarts += 1  # one event, one restart
+        _LOG.info("%s", error(""))
+        _LOG.warning(
+            "%s with remote workers %s: steadyload started %d replacement(s) elsewhere "
+            "(restart %d of %d this epoch); the %d batch(es) they held (samples %s) are "
+            "re-run in order.", lost.cause.short, workers, len(workers), table.restarts,
+            self._opts.max_restarts, batches, diagnosis.format_indices(flat),
+        )  # fmt: skip
+        self._record.restarted(RestartReport(-1, None, lost.cause.short, None, batches))
+        for w in workers:
+            self._restart_worker(pool, w)
 
     def on_server_died(
         self, pool: WorkerPool, died: ServerDied, also: tuple[int, ...] = ()

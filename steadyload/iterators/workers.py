@@ -31,6 +31,7 @@ from ..engine.factory import PoolPlan, make_pool
 from ..engine.fetch import ITERABLE, stateful
 from ..engine.interrupts import held_interrupts
 from ..engine.pool import WorkerPool
+from ..engine.remote.spec import all_workers
 from ..memory.sampler import MemorySampler
 from ..options import LoaderOptions
 from ..progress import EpochProgress, carried, position_blobs
@@ -47,6 +48,7 @@ from .hangs import Watchdog
 from .outcomes import Outcomes
 from .record import History, RunRecord
 from .recovery import Recovery
+from .scaling import RemoteScaling
 from .tasks import EMPTY, TaskEntry, TaskTable
 
 _LOG = logging.getLogger(__name__)
@@ -65,6 +67,8 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         history: History,
     ) -> None:
         super().__init__(loader)
+        self._local_workers = loader.num_workers
+        self._num_workers = all_workers(loader)  # remote workers take the ids after local ones
         self._prefetch_factor: int = loader.prefetch_factor or 2
         self._in_order = loader.in_order
         self._opts = options
@@ -72,7 +76,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         self._plan = plan
         refuse_datapipes(self._dataset)
         if plan.start_method is not None:  # processes start now
-            guards.check_process_start(self._dataset, self._num_workers, plan.start_method)
+            guards.check_process_start(self._dataset, self._local_workers, plan.start_method)
         checkpoints.apply_base_seed(loader, self)  # before the workers are configured with it
         self.record = RunRecord(plan.kind, plan.start_method, plan.preload, history)
         self._config = WorkerConfig(
@@ -101,11 +105,15 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         self._cycle = itertools.cycle(range(self._num_workers))
         self._guard = SkipGuard()
         self._watchdog = Watchdog(self._table, options.hang_timeout, self._num_workers)
+        remote = options.remote
+        self._scaling = None if remote is None or not remote.scales else RemoteScaling(
+            remote, loader.num_workers, self._table, self.record,
+            iterable=self._dataset_kind == ITERABLE)  # fmt: skip
+        self._parked = self._scaling.parked if self._scaling else set()  # ids without actors
         self._recovery = Recovery(
             self._table, options, self.record, stream=self._dataset_kind == ITERABLE,
             stateful_stream=self._dataset_kind == ITERABLE and stateful(self._dataset),
-            hung=self._watchdog.hung,
-            stream_state=self._stream_state,
+            hung=self._watchdog.hung, stream_state=self._stream_state,
         )  # fmt: skip
         self._outcomes = Outcomes(
             self._table, self.record, self._recovery, guard=self._guard, empty=self._empty,
@@ -123,19 +131,16 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
     # -- lifecycle ---------------------------------------------------------------------------
     def _start_workers(self) -> None:
         started = time.monotonic()
-        checks = functools.partial(guards.check_process_start, self._dataset, self._num_workers)
-        pool = make_pool(self._plan, self._config, self._num_workers, checks)
-        self._pool = pool
+        checks = functools.partial(guards.check_process_start, self._dataset, self._local_workers)
+        self._pool = pool = make_pool(self._plan, self._config, self._num_workers, checks)
         self._views = pool.views
         if not self._attached:  # Ctrl-C held at safe points for this iterator's life
             self._attached = True
             interrupts.attach()
         self._memory = self._recovery.memory = MemorySampler(pool.pids)
         self.record.memory = self._memory.snapshot
-        _LOG.debug(
-            "started %d %s workers (%s) in %.3f s", self._num_workers, self._plan.kind,
-            pool.start_method, time.monotonic() - started,
-        )  # fmt: skip
+        _LOG.debug("started %d %s workers (%s) in %.3f s", self._num_workers, self._plan.kind,
+                   pool.start_method, time.monotonic() - started)  # fmt: skip
 
     def _shutdown_workers(self) -> None:
         memory = getattr(self, "_memory", None)
@@ -154,8 +159,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
 
     @property
     def _workers(self) -> list[Any]:
-        """The worker processes, by worker id (as torch's iterator has them); they keep
-        their pid and exit code after the workers stopped."""
+        """The workers by id (as torch's iterator has them), with pid and exit code."""
         return list(self._views)
 
     def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
@@ -217,8 +221,8 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
     def _try_put_index(self, force: bool = False) -> bool:
         # torch's policy, kept exactly: see _MultiProcessingDataLoaderIter._try_put_index.
         # ``force``: one task beyond the window (to find a batch's structure, see _deliver).
-        table = self._table
-        max_tasks = self._prefetch_factor * self._num_workers
+        table, parked = self._table, self._parked
+        max_tasks = self._prefetch_factor * (self._num_workers - len(parked))
         if (table.outstanding >= max_tasks and not force) or self._pool is None:
             return False
         try:
@@ -227,10 +231,10 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             return False
         for _ in range(self._num_workers):
             worker_id = next(self._cycle)
-            if table.active[worker_id]:
+            if table.active[worker_id] and worker_id not in parked:
                 if self._in_order or force:
                     break
-                if table.load[worker_id] < max_tasks // sum(table.active):
+                if table.load[worker_id] < max_tasks // (sum(table.active) - len(parked)):
                     break
         else:
             return False
@@ -254,6 +258,9 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
                 data, task = stash if stash is not None else self._next_data_inner()
                 self._handing = (data, task, self._commit(task))
             self._handing = None
+            if self._scaling is not None and self._pool is not None:  # a grown pool: fill it
+                for _ in range(self._scaling.after_batch(self._pool) * self._prefetch_factor):
+                    self._try_put_index()
         except (StopIteration, KeyboardInterrupt):
             raise  # after Ctrl-C the workers go on, as torch's do
         except DatasetError as wrapped:

@@ -20,6 +20,7 @@ LAYERS = [
     "steadyload.cli",
     "steadyload.integrations",
     "steadyload.loader",
+    "steadyload.plans",
     "steadyload.arguments",
     "steadyload.rebuild_watch",
     "steadyload.worker_count",

@@ -1,0 +1,217 @@
+"""A remote worker: a Ray actor that runs the one worker loop (../loop.py).
+
+Ray is only the transport. The pool numbers every message it sends an actor; the actor
+feeds them to the loop in that order (Ray does not promise the order of an async actor's
+calls), and the call that carried a `Task` returns the task's outcome, with its collated
+batch, through Ray's object store. The loop runs on a thread of its own, so the actor
+answers `stack` (its Python stacks, for ``hang_timeout``) while a sample is being loaded;
+`stack` runs in a concurrency group of its own. The actor's process is its
+own, so seeding and `get_worker_info()` are a worker process's (torch's `_worker_loop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import os
+import pickle
+import queue
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from ..._seeding import SampleSeeder
+from ...describe import describe_exception, format_traceback
+from .. import loop, torch_hooks
+from ..config import WorkerConfig
+from ..process.worker import _MemoryCap, _rss_bytes
+from ..protocol import Done, Ready, Retire, StartFailed, Stop, Task
+from ..status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK
+
+CONTROL = "steadyload-control"
+"""The concurrency group of `stack`: answered while the loop is busy."""
+
+
+class Fields:
+    """The worker's status fields (status.py's layout), in this process: a `loop.Status`."""
+
+    def __init__(self) -> None:
+        self.fields = np.zeros(8, np.int64)
+        self.fields[TASK] = -1
+
+    def begin(self, task_id: int) -> None:
+        """A task starts."""
+        f = self.fields
+        f[TASK], f[POSITION], f[STARTED_NS], f[STAGE] = task_id, -1, time.monotonic_ns(), LOADING
+
+    def end(self) -> None:
+        """The task's outcome was handed to its call."""
+        self.fields[STAGE] = IDLE
+
+
+class RemoteLink:
+    """The actor's `loop.Link`: messages from the numbered calls, each outcome handed back
+    to the call that carried its task (with the batch: Ray pickles it)."""
+
+    keeps_objects = False
+
+    def __init__(self, worker: RemoteWorker, cfg: WorkerConfig) -> None:
+        self._worker = worker
+        cap = cfg.max_memory_bytes
+        self._cap = _MemoryCap(cap) if cap is not None else None
+        self._retire: Retire | None = None
+
+    def receive(self) -> object:
+        """The next message, in the pool's numbering."""
+        return self._worker.inbox.get()
+
+    def ready(self) -> None:
+        """Set-up done (``worker_init_fn``, the first iterator)."""
+        gc.freeze()  # as a process worker: later collections leave the dataset's pages alone
+        self._worker.set_up.set()
+
+    def send(self, msg: object) -> None:
+        """An outcome: to the call that carried its task."""
+        self._worker.answer(msg.task_id, (msg, None, self._notices()))  # type: ignore[attr-defined]
+
+    def release(self, freed: tuple[int, ...]) -> None:
+        """Nothing to release: batches leave through Ray's object store."""
+
+    def begin_task(self) -> None:
+        """Nothing to prepare."""
+
+    def cancel_task(self) -> None:
+        """Nothing to undo."""
+
+    def pack(self, data: Any) -> Any:
+        """The batch itself: Ray pickles the call's result."""
+        return data
+
+    def send_batch(self, done: Done, packed: Any) -> None:
+        """The batch and its `Done` (with this process's memory), to the call that
+        carried the task."""
+        done = dataclasses.replace(done, rss_bytes=_rss_bytes())
+        self._worker.answer(done.task_id, (done, packed, self._notices()))
+
+    def _notices(self) -> tuple[object, ...]:
+        """A `Retire` goes with the outcome of the task after which memory passed the cap."""
+        if self._cap is None:
+            return ()
+        uss = self._cap.exceeded()
+        if uss is None:
+            return ()
+        self._retire = Retire(uss)
+        return (self._retire,)
+
+    def after_task(self) -> bool:
+        """Past ``max_worker_memory``: stop (the pool replaces this actor)."""
+        return self._retire is not None
+
+
+class RemoteWorker:
+    """The actor's class (made a Ray actor by the pool: Ray is imported there only)."""
+
+    def __init__(self, config: bytes, worker_id: int) -> None:
+        self.worker_id = worker_id
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.set_up = threading.Event()
+        self.status = Fields()
+        self._config = config
+        self._started: StartFailed | None = None
+        self._answers: dict[int, asyncio.Future[Any]] = {}
+        self._early: dict[int, Any] = {}  # outcomes of tasks whose future is not made yet
+        self._lock = threading.Lock()
+        self._queued: dict[int, Any] = {}  # numbered messages not yet fed to the loop
+        self._next = 0
+        self._aio: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._main, name="steadyload-remote-worker",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            cfg: WorkerConfig = pickle.loads(self._config)
+        except BaseException as exc:
+            type_name, text = describe_exception(exc)
+            self._started = StartFailed(type_name, text, format_traceback(exc))
+            self.set_up.set()
+            return
+        import torch
+
+        torch.set_num_threads(1)
+        seed = torch_hooks.seed_process(cfg.base_seed, self.worker_id)
+        info = torch_hooks.make_info(self.worker_id, cfg.num_workers, seed, cfg.dataset,
+                                     "multiprocessing")  # fmt: skip
+        torch_hooks.set_process_info(info)
+        seeder = SampleSeeder(cfg.base_seed, self.worker_id, own=info) if cfg.sample_seeds else None
+        try:
+            loop.run(cfg, cfg.dataset, self.worker_id, RemoteLink(self, cfg), self.status, seeder)
+        except BaseException:
+            # Never a dataset's error (those are outcomes): the worker cannot go on. Its
+            # process ends, which is the death the pool sees and the iterator heals.
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        finally:
+            self.set_up.set()
+
+    def answer(self, task_id: int, outcome: Any) -> None:
+        """The loop's outcome for ``task_id``: resolve the waiting call (any thread)."""
+        with self._lock:
+            future = self._answers.pop(task_id, None)
+            if future is None:
+                self._early[task_id] = outcome
+                return
+        assert self._aio is not None
+        self._aio.call_soon_threadsafe(_resolve, future, outcome)
+
+    async def ready(self) -> tuple[Any, int, str, str]:
+        """Wait for the set-up: (`Ready` or `StartFailed`, pid, node id, node address)."""
+        import ray
+
+        await asyncio.get_running_loop().run_in_executor(None, self.set_up.wait)
+        node = ray.get_runtime_context().get_node_id()
+        address = ray.util.get_node_ip_address()
+        ready = Ready(pid=os.getpid(), preload_missing=None, node=f"{node[:12]} ({address})")
+        return self._started or ready, os.getpid(), node, address
+
+    async def call(self, number: int, msg: Any) -> Any:
+        """Message ``number`` of the pool's: fed to the loop in order; for a `Task`, its
+        outcome ``(message, batch, notices)``."""
+        self._aio = asyncio.get_running_loop()
+        future = None
+        if isinstance(msg, Task):
+            future = self._aio.create_future()
+            with self._lock:
+                early = self._early.pop(msg.task_id, None)
+                if early is None:
+                    self._answers[msg.task_id] = future
+            if early is not None:
+                future.set_result(early)
+        self._queued[number] = msg
+        while self._next in self._queued:  # only this event loop's thread runs here
+            self.inbox.put(self._queued.pop(self._next))
+            self._next += 1
+        if isinstance(msg, Stop) or future is None:
+            return None
+        return await future
+
+    async def stack(self) -> tuple[str, list[int]]:
+        """Every thread's Python stack, most recent call last, and the status fields."""
+        frames = sys._current_frames()
+        names = {t.ident: t.name for t in threading.enumerate()}
+        text = []
+        for ident, frame in frames.items():
+            text.append(f'Thread "{names.get(ident, ident)}" (most recent call last):\n'
+                        + "".join(traceback.format_stack(frame)))  # fmt: skip
+        return "\n".join(text), [int(x) for x in self.status.fields]
+
+
+def _resolve(future: asyncio.Future[Any], outcome: Any) -> None:
+    if not future.done():
+        future.set_result(outcome)

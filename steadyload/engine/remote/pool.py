@@ -1,0 +1,372 @@
+"""`RemotePool`: the `WorkerPool` over Ray actors (remote workers).
+
+A remote worker runs the one worker loop (actor.py); this pool is its transport and its
+liveness signal, nothing more. Dispatch, the task table, recovery, the hang watch,
+checkpoints and the report are the iterator's, as for processes and threads:
+
+- Transport: each message is an actor call, numbered per actor (the actor feeds them to
+  its loop in that order); a task's call returns the outcome and the batch through Ray's
+  object store. The dataset is put in the object store once per pool and every actor
+  reads it from there (`ray.put`), never once per task.
+- Liveness: a collector thread per actor waits on its calls in order (``ray.get``) and
+  queues what comes back as the pool's events, on the same `Outbox` thread workers use
+  (one poll can wait on local and remote workers). A call that raises because the actor,
+  its node or its result object is gone becomes a `Died` (or, for a lost node, one
+  `NodeLost` for every worker on it) with Ray's cause (causes.py); the iterator re-runs
+  what the worker held. Ray never retries anything itself (``max_restarts=0``,
+  ``max_task_retries=0``): a task is re-run only by the iterator, under the same task id,
+  so a late duplicate is dropped by the task table.
+- Each actor has a generation; events of an actor that was replaced are dropped.
+- Progress (for ``hang_timeout``) is inferred here: the oldest task an actor holds
+  started when the outcome before it arrived (or when it was sent to an idle actor);
+  the sample being loaded is known after a stack dump (`dump_stack` asks the actor).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+from ..config import WorkerConfig
+from ..events import Died, NodeLost, Received
+from ..pool import REMOTE, Kind
+from ..protocol import Done, Reset, Restore, Retire, StartFailed, Stop, Task
+from ..status import IDLE, LOADING, Progress
+from ..thread.worker import Outbox
+from . import causes
+from .actor import CONTROL, RemoteWorker
+from .records import PLACEMENT_WARN_S, RemoteView, _Actor, dumps_config, warn_unplaced
+from .spec import RemoteWorkers, connect, import_ray
+
+_LOG = logging.getLogger(__name__)
+_READY = -1  # the collector's marker for the actor's `ready` call
+_NODE_ID = "ray.io/node-id"  # the label Ray gives every node
+
+
+class RemotePool:
+    """Remote workers ``first_id`` .. ``first_id + count - 1`` of one iterator; a
+    `WorkerPool` (see module)."""
+
+    kind: Kind = REMOTE
+    start_method = "ray"
+    preload: tuple[str, ...] = ()
+
+    def __init__(
+        self, config: WorkerConfig, spec: RemoteWorkers, first_id: int, *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self._config = config
+        self._spec = spec
+        self._first = first_id
+        self._count = spec.maximum
+        self._clock = clock
+        self._ray: Any = None
+        self._class: Any = None
+        self._options: dict[str, Any] = {}  # the actors' Ray options
+        self._config_ref: Any = None
+        self._actors: dict[int, _Actor] = {}
+        self._generations = collections.Counter[int]()
+        self._events = Outbox()
+        self._lost_nodes: set[str] = set()  # never placed on again by this pool
+        self._lock = threading.Lock()  # collectors and the iterating thread, on _actors
+        self.views: list[RemoteView | None] = [None] * self._count
+        self.running = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self, count: int | None = None) -> None:
+        """Connect to Ray, put the dataset in its object store once, start the actors
+        (``count`` of them; default: the spec's minimum, all of a fixed count)."""
+        ray = self._ray = import_ray()
+        connect(ray, self._spec)
+        self._config_ref = ray.put(dumps_config(self._config))
+        spec = self._spec
+        options: dict[str, Any] = dict(
+            num_cpus=spec.num_cpus, max_restarts=0, max_task_retries=0,
+            scheduling_strategy=spec.scheduling_strategy,
+        )  # fmt: skip
+        for key in ("resources", "memory", "label_selector", "runtime_env"):
+            if getattr(spec, key) is not None:
+                options[key] = getattr(spec, key)
+        self._class = ray.remote(concurrency_groups={CONTROL: 1})(RemoteWorker)
+        self._options = options
+        self.running = True
+        for i in range(self._spec.minimum if count is None else count):
+            self.respawn(self._first + i)  # a range starts at its minimum
+
+    def respawn(self, worker_id: int) -> None:
+        """Start a fresh actor for ``worker_id`` (same id, same seed)."""
+        self._generations[worker_id] += 1
+        a = _Actor(worker_id, self._generations[worker_id], self._clock())
+        options = self._options
+        if self._lost_nodes:  # Ray may still place actors there until its health check
+            labels = dict(self._spec.label_selector or {})
+            labels[_NODE_ID] = f"!in({', '.join(sorted(self._lost_nodes))})"
+            options = {**options, "label_selector": labels}
+        a.handle = self._class.options(**options).remote(self._config_ref, worker_id)
+        with self._lock:
+            self._actors[worker_id] = a
+        self.views[worker_id - self._first] = RemoteView(worker_id, a)
+        a.calls.put((a.handle.ready.remote(), _READY))
+        threading.Thread(target=self._collect_calls, args=(a,), daemon=True,
+                         name=f"steadyload-remote-{worker_id}").start()  # fmt: skip
+
+    def retire(self, worker_id: int) -> None:
+        """Stop ``worker_id``'s actor for good (the pool shrinks): no event follows."""
+        with self._lock:
+            a = self._actors.pop(worker_id, None)
+        if a is not None:
+            self._generations[worker_id] += 1
+            self._end(a)
+
+    def _end(self, a: _Actor) -> None:
+        a.gone = True
+        a.calls.put(None)
+        try:
+            self._ray.kill(a.handle, no_restart=True)
+        except Exception:  # already gone, or Ray is shutting down
+            pass
+
+    def shutdown(self) -> None:
+        """Kill every actor (their objects go with them); idempotent."""
+        self.running = False
+        with self._lock:
+            actors, self._actors = list(self._actors.values()), {}
+        for a in actors:
+            self._generations[a.worker_id] += 1
+            self._end(a)
+        self._events.close()
+        self._config_ref = None
+
+    @property
+    def stopped(self) -> bool:
+        """Whether `shutdown` ran."""
+        return not self._actors and not self.running
+
+    @property
+    def remote(self) -> RemotePool:
+        """Itself (a `MixedPool` has one too)."""
+        return self
+
+    def unplaced(self) -> int:
+        """Actors Ray has not started yet (no `Ready`)."""
+        return sum(1 for a in self._actors.values() if a.pid is None and not a.gone)
+
+    # -- the collectors (one thread per actor) -------------------------------------------------
+    def _put(self, a: _Actor, event: object) -> None:
+        self._events.put((a.worker_id, a.generation, event))
+
+    def _collect_calls(self, a: _Actor) -> None:
+        ray = self._ray
+        while True:
+            item = a.calls.get()
+            if item is None:
+                return
+            ref, task_id = item
+            del item
+            if task_id == _READY:
+                if not self._ray.wait([ref], timeout=PLACEMENT_WARN_S)[0] and not a.gone:
+                    warn_unplaced(self._ray, self._spec, a.worker_id)
+            try:
+                result = ray.get(ref)
+            except BaseException as exc:
+                if not a.gone:
+                    self._on_failure(a, task_id, exc)
+                return
+            finally:
+                del ref
+            if task_id == _READY:
+                with self._lock:  # its first task starts now (hang_timeout counts from here)
+                    answer, a.pid, a.node_id, a.address = result
+                    a.head_ns = time.monotonic_ns()
+                self._put(a, answer)
+                if isinstance(answer, StartFailed):
+                    return
+                continue
+            msg, batch, notices = result
+            del result
+            with self._lock:
+                if a.held and a.held[0] == task_id:
+                    a.held.popleft()
+                a.head_ns, a.fields = time.monotonic_ns(), None
+            if isinstance(msg, Done):
+                a.busy_s += msg.load_s
+                a.samples += msg.samples
+            self._put(a, Received(msg, batch) if isinstance(msg, Done) else msg)
+            del batch
+            for notice in notices:
+                self._put(a, notice)
+                if isinstance(notice, Retire):  # it stopped after this task: replace it
+                    self._generations[a.worker_id] += 1
+                    self._end(a)
+                    self._events.put((a.worker_id, self._generations[a.worker_id], Died(
+                        exitcode=0, pid=a.pid, progress=None, kind=REMOTE)))  # fmt: skip
+                    return
+
+    def _progress_of(self, a: _Actor) -> Progress:
+        if a.fields is not None:
+            return Progress(*a.fields[:5])
+        if not a.held or a.pid is None:  # nothing held, or not started yet (placement)
+            return Progress(-1, -1, IDLE, 0, 0)
+        return Progress(a.held[0], -1, LOADING, a.head_ns, 0)
+
+    def _on_failure(self, a: _Actor, task_id: int, exc: BaseException) -> None:
+        """A call raised: the actor, its node or a result is gone. One `Died`, or one
+        `NodeLost` for every actor of a lost node."""
+        cause = causes.classify(self._ray, exc, a.handle._actor_id.hex(), a.node_id,
+                                a.address, a.pid)  # fmt: skip
+        if task_id == _READY and not cause.node_lost and a.pid is None:
+            text = causes._first_lines(str(exc), 6)
+            self._put(a, StartFailed(type(exc).__name__, text, str(exc)))
+            return
+        with self._lock:  # the first collector to see it claims every actor it took
+            if a.gone or self._actors.get(a.worker_id) is not a:
+                return
+            group = [a]
+            if cause.node_lost and a.node_id:
+                self._lost_nodes.add(a.node_id)
+                group += [b for b in self._actors.values()
+                          if b is not a and b.node_id == a.node_id and not b.gone]  # fmt: skip
+            for b in group:
+                b.gone = True
+                self._generations[b.worker_id] += 1
+        if len(group) > 1:
+            workers = tuple((b.worker_id, b.pid, self._progress_of(b)) for b in group)
+            self._events.put((-1, 0, NodeLost(cause, workers)))
+        else:
+            self._events.put((a.worker_id, self._generations[a.worker_id], Died(
+                exitcode=None, pid=a.pid, progress=self._progress_of(a), kind=REMOTE,
+                remote=cause)))  # fmt: skip
+        for b in group:
+            self._end(b)
+
+    # -- messaging ---------------------------------------------------------------------------
+    def _send(self, worker_id: int, msg: object, task_id: int | None = None) -> None:
+        a = self._actors.get(worker_id)
+        if a is None or a.gone:
+            return
+        ref = a.handle.call.remote(a.number, msg)
+        a.number += 1
+        if task_id is not None:
+            with self._lock:
+                if not a.held:
+                    a.head_ns = time.monotonic_ns()
+                a.held.append(task_id)
+            a.calls.put((ref, task_id))
+
+    def send_task(self, worker_id: int, task_id: int, indices: Any, epoch: int = 0) -> None:
+        """Send a task: one actor call, whose result is its outcome."""
+        self._send(worker_id, Task(task_id, indices, (), epoch), task_id)
+
+    def send_restore(self, worker_id: int, state: bytes) -> None:
+        """Tell an actor where its dataset replica resumes."""
+        self._send(worker_id, Restore(state))
+
+    def send_reset(self) -> None:
+        """Tell every actor a new epoch begins (persistent workers)."""
+        for worker_id in list(self._actors):
+            self._send(worker_id, Reset())
+
+    def stop_worker(self, worker_id: int) -> None:
+        """Let an actor's loop end after its tasks (`Stop`)."""
+        self._send(worker_id, Stop())
+
+    def waitables(self) -> list[Any]:
+        """The outbox's socket, armed (as a `ThreadPool`'s)."""
+        self._events.armed = True
+        return [self._events]
+
+    def pending(self) -> bool:
+        """Whether events are queued."""
+        return not self._events.queue.empty()
+
+    def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
+        """Every queued event of a current actor (or pool-wide), without blocking."""
+        events = self._events
+        if events.armed:
+            events.armed = False
+            if events in ready:
+                events.drain()
+        out: list[tuple[int, object]] = []
+        while not events.queue.empty():
+            worker_id, generation, event = events.queue.get_nowait()
+            if worker_id < 0 or generation == self._generations[worker_id]:
+                out.append((worker_id, event))
+        return out
+
+    def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
+        """Block until an event arrives or ``timeout_s`` passes. [Unit: second]"""
+        self._events.wait(timeout_s)
+        return self.collect(())
+
+    # -- the worker's state ------------------------------------------------------------------
+    def pid(self, worker_id: int) -> int | None:
+        """The actor's process id (on its node)."""
+        a = self._actors.get(worker_id)
+        return a.pid if a is not None else None
+
+    def pids(self) -> dict[int, int]:
+        """Empty: remote memory is not sampled from here (the actors report theirs)."""
+        return {}
+
+    def started_at(self, worker_id: int) -> float | None:
+        """When the actor was asked for, on the pool's clock. [Unit: second]"""
+        a = self._actors.get(worker_id)
+        return a.asked_at if a is not None else None
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock the pool measures with."""
+        return self._clock
+
+    def node(self, worker_id: int) -> tuple[str, str]:
+        """(Ray node id, address) of the worker's actor ("" before it started)."""
+        a = self._actors.get(worker_id)
+        return (a.node_id, a.address) if a is not None else ("", "")
+
+    def progress(self, worker_id: int) -> Progress | None:
+        """What the actor is doing (inferred, see module)."""
+        a = self._actors.get(worker_id)
+        if a is None:
+            return None
+        with self._lock:
+            return self._progress_of(a)
+
+    def on_its_way(self, worker_id: int) -> bool:
+        """Whether an event is waiting to be read."""
+        return not self._events.queue.empty()
+
+    def dump_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
+        """The actor's Python stacks (its control group answers while the loop is busy)."""
+        a = self._actors.get(worker_id)
+        if a is None:
+            return ""
+        head = (f"Remote worker {worker_id} (Ray actor, pid {a.pid}, node {a.node_id[:12]} at "
+                f"{a.address})")  # fmt: skip
+        try:
+            ref = a.handle.stack.options(concurrency_group=CONTROL).remote()
+            text, fields = self._ray.get(ref, timeout=max(wait_s, 5.0))
+        except Exception as exc:
+            return f"{head}: no stack ({type(exc).__name__}: {causes._first_lines(str(exc))})"
+        a.fields = fields
+        return f"{head}:\n{text}"
+
+    def kill(self, worker_id: int) -> None:
+        """Kill the actor now (a hang); its `Died` event follows."""
+        a = self._actors.get(worker_id)
+        if a is None or a.gone:
+            return
+        progress = self._progress_of(a)
+        self._generations[worker_id] += 1
+        self._end(a)
+        cause = causes.RemoteCause("killed by steadyload (hang_timeout)", "a hang",
+                                   "see the stack", a.node_id, a.address)  # fmt: skip
+        self._events.put((worker_id, self._generations[worker_id], Died(
+            exitcode=None, pid=a.pid, progress=progress, kind=REMOTE, remote=cause)))  # fmt: skip
+
+    def measured(self) -> dict[int, tuple[str, str, float, int]]:
+        """worker id -> (node id, address, seconds loading, samples) of each live actor."""
+        return {w: (a.node_id, a.address, a.busy_s, a.samples) for w, a in self._actors.items()}

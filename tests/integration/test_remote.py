@@ -1,0 +1,436 @@
+"""Remote workers (Ray actors) against real Ray: a local cluster of a head and two 1-CPU
+nodes, every node on 127.0.0.1, and real faults (SIGKILL of an actor, a removed node, a
+lost result object, a hang, a raising sample, a SIGKILLed driver).
+
+One cluster per module (about 9 s to start, 2.3 GiB): the tests share it and run in one
+pytest process (``xdist_group``). Each test leaves no actor behind (`no_leaks`).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+
+import steadyload as sl
+from tests.conftest import processes_gone, wait_until
+from tests.remote_datasets import Augmented, Big, Faulty, WithResource
+
+ray = pytest.importorskip("ray")
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.timeout(240)]
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+class Ray:
+    """The module's cluster and what the tests ask of it."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self.nodes = [cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
+                      for _ in range(2)]  # fmt: skip
+
+    def node_of(self, node_id: str) -> Any:
+        return next(n for n in self.nodes if n.node_id == node_id)
+
+    def remove(self, node: Any) -> None:
+        self.cluster.remove_node(node, allow_graceful=False)
+        self.nodes.remove(node)
+
+    def restore(self) -> None:
+        """Back to two worker nodes after a test removed one."""
+        while len(self.nodes) < 2:
+            self.nodes.append(self.cluster.add_node(num_cpus=1, object_store_memory=80 << 20))
+        self.cluster.wait_for_nodes()
+
+    @staticmethod
+    def live_actors() -> list[dict[str, Any]]:
+        from ray._private import state
+
+        return [a for a in state.actors().values()
+                if a.get("ActorClassName") == "RemoteWorker" and a.get("State") != "DEAD"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Ray]:
+    from ray.cluster_utils import Cluster
+
+    saved = {k: os.environ.get(k) for k in (*LOOPBACK, "PYTHONPATH")}
+    os.environ.update(LOOPBACK)  # Ray on loopback only (checked below)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), saved["PYTHONPATH"]]))
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "include_dashboard": False, "object_store_memory": 80 << 20})
+    try:
+        helper = Ray(c)
+        ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+        c.wait_for_nodes()
+        # Once before the tests: Ray's own connections to every node (descriptors, threads
+        # it keeps for the driver's life) are opened then, not counted as a test's leaks.
+        list(sl.DataLoader(Augmented(8), batch_size=2, remote_workers=2))
+        wait_until(lambda: not helper.live_actors(), 20, what="the warm-up's actors to die")
+        yield helper
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _ours(proc: psutil.Process) -> bool:
+    """A process of this test (a local worker), not one of Ray's node (raylets, their
+    workers: the actors are checked through Ray's own state and their pids instead)."""
+    try:
+        return "ray" not in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True) if _ours(p)}
+
+
+def _threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("steadyload")}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(cluster: Ray) -> Iterator[None]:
+    """conftest's leak check, for a process that hosts a Ray driver: Ray keeps connections
+    and threads of its own for the driver's life, and a restored node brings new Ray
+    processes, so those are left out; what steadyload starts is checked, and every actor
+    must be dead (in Ray's state, and its process gone)."""
+    children, threads = _children(), _threads()
+    yield
+    gc.collect()
+    wait_until(lambda: not cluster.live_actors(), 20, what="every remote worker's actor to die")
+    from ray._private import state
+
+    pids = [a["Pid"] for a in state.actors().values() if a.get("ActorClassName") == "RemoteWorker"]
+    wait_until(lambda: processes_gone(pids), 20, what="every actor's process to exit")
+    wait_until(lambda: not (_threads() - threads), 10, what="steadyload's threads to end")
+    wait_until(lambda: not (_children() - children), 10, what="local workers to exit")
+    cluster.restore()
+
+
+def _gen() -> torch.Generator:
+    return torch.Generator().manual_seed(1234)
+
+
+def _same(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(
+        all(torch.equal(x, y) for x, y in zip(p, q, strict=True)) for p, q in zip(a, b, strict=True))
+
+
+def _indices(batches: list[Any]) -> list[int]:
+    return [int(i) for b in batches for i in b[0]]
+
+
+def test_every_node_is_on_loopback(cluster: Ray) -> None:
+    addresses = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    assert addresses == {"127.0.0.1"}
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_local_and_remote_workers_give_torchs_batches(cluster: Ray) -> None:
+    ds = Augmented(48)
+    expected = list(torch.utils.data.DataLoader(
+        ds, batch_size=4, shuffle=True, generator=_gen(), num_workers=3,
+        multiprocessing_context="forkserver"))  # fmt: skip
+    loader = sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(), num_workers=1,
+                           remote_workers=2)  # fmt: skip
+    assert _same(list(loader), expected)  # torch's order and its workers' random draws
+    report = loader.report()
+    local, *remote = report.workers
+    assert local.node is None and [w.worker_id for w in remote] == [1, 2]
+    assert len({w.node for w in remote}) == 2  # SPREAD: one actor per node
+    assert all(w.rss_bytes and w.samples == 16 and w.pid for w in remote)
+    assert "is remote: Ray node" in str(report)
+
+
+def test_a_sigkilled_actor_is_replaced_and_its_batches_rerun_once(cluster: Ray,
+                                                                 caplog: Any) -> None:  # fmt: skip
+    ds = Augmented(48)
+    expected = list(sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(),
+                                  num_workers=2, sample_seeds=True))  # fmt: skip
+    loader = sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(),
+                           remote_workers=2, sample_seeds=True)  # fmt: skip
+    got = []
+    with caplog.at_level(logging.WARNING):
+        for i, batch in enumerate(it := iter(loader)):
+            got.append(batch)
+            if i == 2:
+                os.kill(it._workers[1].pid, signal.SIGKILL)
+    assert _same(got, expected)
+    assert sorted(_indices(got)) == list(range(48))  # exactly once
+    (restart,) = loader.report().restarts
+    assert restart.worker_id == 1 and "Ray worker process died" in restart.cause
+    assert "steadyload started a replacement worker 1" in caplog.text
+
+
+def test_a_lost_node_is_one_event_and_its_workers_move(cluster: Ray, caplog: Any) -> None:
+    ds = Augmented(96, sleep_s=0.05)
+    expected = list(sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(),
+                                  num_workers=2, sample_seeds=True))  # fmt: skip
+    loader = sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(), sample_seeds=True,
+                           remote_workers=sl.RemoteWorkers(4, num_cpus=0.25))  # fmt: skip
+    got = []
+    with caplog.at_level(logging.WARNING):
+        for i, batch in enumerate(it := iter(loader)):
+            got.append(batch)
+            if i == 2:
+                pool = it._pool
+                lost = pool._actors[0].node_id
+                on_it = sorted(w for w, a in pool._actors.items() if a.node_id == lost)
+                cluster.remove(cluster.node_of(lost))
+    assert _same(got, expected) and sorted(_indices(got)) == list(range(96))
+    (restart,) = loader.report().restarts  # one event for the node, not one per worker
+    assert restart.worker_id == -1 and f"node {lost[:12]} (127.0.0.1) lost" in restart.cause
+    assert len(on_it) == 2 and f"with remote workers {on_it}" in caplog.text
+    assert all(w.node is not None and not w.node.startswith(lost[:12])
+               for w in loader.report().workers)  # fmt: skip
+
+
+def test_a_lost_result_object_is_rerun(cluster: Ray, monkeypatch: Any) -> None:
+    """A batch is done and sits in its node's object store; the node goes before this
+    process fetched it. (The fetch is held back to reach that moment; the loss is real.)"""
+    from steadyload.engine.remote import pool as remote_pool
+
+    armed = threading.Event()
+    lost: list[Any] = []
+
+    class HeldFetch:
+        """Ray, with worker 1's next fetch held until its node is gone."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(ray, name)
+
+        def get(self, ref: Any, *args: Any, **kwargs: Any) -> Any:
+            if armed.is_set() and not lost and (
+                    threading.current_thread().name == "steadyload-remote-1"):
+                lost.append(ref)
+                assert ray.wait([ref], fetch_local=False, timeout=60)[0]  # done, not fetched
+                cluster.remove(cluster.node_of(node[0]))
+            return ray.get(ref, *args, **kwargs)
+
+    node: list[str] = []
+    monkeypatch.setattr(remote_pool, "import_ray", lambda: HeldFetch())
+    loader = sl.DataLoader(Big(24, sleep_s=0.05), batch_size=2,
+                           remote_workers=sl.RemoteWorkers(2, num_cpus=0.25))  # fmt: skip
+    got = []
+    for i, batch in enumerate(it := iter(loader)):
+        got.append(batch)
+        if i == 1:
+            node.append(it._pool._actors[1].node_id)
+            armed.set()
+    assert _indices(got) == list(range(24)) and lost
+    assert all(torch.equal(b[1][k], torch.full((512, 512), float(b[0][k])))
+               for b in got for k in range(len(b[0])))  # fmt: skip
+    (restart,) = loader.report().restarts
+    assert restart.worker_id == 1 and restart.cause == "its result object was lost"
+
+
+def test_a_hung_remote_sample_is_killed_with_its_stack_and_rerun(cluster: Ray, tmp_path: Path,
+                                                                 caplog: Any) -> None:  # fmt: skip
+    marker = tmp_path / "hung"
+    ds = Faulty(16, hang=5, marker=str(marker))
+    loader = sl.DataLoader(ds, batch_size=2, remote_workers=2, hang_timeout=4.0)
+    with caplog.at_level(logging.INFO, logger="steadyload"):
+        got = list(loader)
+    assert _indices(got) == list(range(16)) and marker.exists()
+    (restart,) = loader.report().restarts
+    assert "hang_timeout=4.0" in restart.cause
+    assert "Remote worker 0 (Ray actor" in caplog.text
+    assert "remote_datasets.py" in caplog.text and "time.sleep(600)" in caplog.text
+
+
+def test_skip_names_the_remote_sample_and_its_exception(cluster: Ray) -> None:
+    loader = sl.DataLoader(Faulty(20, bad=(5, 17)), batch_size=4, remote_workers=2,
+                           on_error="skip")  # fmt: skip
+    got = list(loader)
+    assert _indices(got) == [i for i in range(20) if i not in (5, 17)]
+    skipped = sorted((s.index, s.error_type, s.message) for s in loader.report().skipped)
+    assert skipped == [(5, "builtins.ValueError", "corrupt sample 5"),
+                       (17, "builtins.ValueError", "corrupt sample 17")]  # fmt: skip
+
+
+def test_per_worker_resources_are_built_once_per_actor(cluster: Ray) -> None:
+    got = list(sl.DataLoader(WithResource(24), batch_size=3, remote_workers=2))
+    built: dict[int, set[int]] = {}
+    for batch in got:
+        for pid, at in batch[1].tolist():
+            built.setdefault(pid, set()).add(at)
+    assert len(built) == 2 and all(len(times) == 1 for times in built.values())
+
+
+@pytest.mark.parametrize("resumed", [{"num_workers": 1, "remote_workers": 1}, {"num_workers": 0}],
+                         ids=["other-placement", "in-process"])  # fmt: skip
+def test_a_remote_state_resumes_elsewhere(cluster: Ray, resumed: dict[str, Any]) -> None:
+    ds = Augmented(40)
+    args = dict(batch_size=4, shuffle=True, sample_seeds=True)
+    whole = list(sl.DataLoader(ds, generator=_gen(), num_workers=2, **args))
+    loader = sl.DataLoader(ds, generator=_gen(), remote_workers=2, **args)
+    first = []
+    for batch in loader:
+        first.append(batch)
+        if len(first) == 4:
+            break
+    state = loader.state_dict()
+    again = sl.DataLoader(ds, generator=_gen(), **resumed, **args)
+    again.load_state_dict(state)
+    assert _same(first + list(again), whole)
+
+
+@pytest.mark.parametrize("how", ["end", "del", "error"])
+def test_actors_end_with_the_loader(cluster: Ray, how: str) -> None:
+    loader = sl.DataLoader(Faulty(16, bad=(9,) if how == "error" else ()), batch_size=2,
+                           remote_workers=2)  # fmt: skip
+    it = iter(loader)
+    next(it)
+    assert len(cluster.live_actors()) == 2
+    if how == "end":
+        list(it)
+    elif how == "error":
+        with pytest.raises(ValueError, match="corrupt sample 9"):
+            list(it)
+    del it  # the test's fixture waits for every actor to be dead
+
+
+def test_actors_die_with_a_sigkilled_driver(cluster: Ray, tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, ray, steadyload as sl
+        from tests.remote_datasets import Augmented
+        if __name__ == "__main__":
+            ray.init(address={cluster.cluster.address!r}, log_to_driver=False)
+            it = iter(sl.DataLoader(Augmented(400, sleep_s=0.05), remote_workers=2))
+            next(it)
+            print("ready", flush=True)
+            for _ in it:
+                pass
+    """))
+    env = {**os.environ, **LOOPBACK, "PYTHONPATH": str(ROOT)}
+    driver = subprocess.Popen([sys.executable, str(script)], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert driver.stdout is not None and driver.stdout.readline().strip() == "ready"
+        assert len(cluster.live_actors()) == 2
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(30)
+        driver.stdout.close()  # type: ignore[union-attr]
+
+
+def test_without_ray_steadyload_imports_and_says_how_to_get_it() -> None:
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["ray"] = None  # as if it were not installed
+        import steadyload as sl
+        try:
+            list(sl.DataLoader(list(range(4)), remote_workers=1))
+        except ImportError as exc:
+            print(exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)  # fmt: skip
+    assert 'pip install "steadyload[ray]"' in out.stdout, out.stderr
+
+
+def test_from_loader_keeps_remote_workers() -> None:
+    loader = sl.DataLoader(list(range(8)), remote_workers=sl.RemoteWorkers((1, 3), num_cpus=0.5))
+    twin = sl.DataLoader.from_loader(loader)
+    assert twin.remote_workers == loader.remote_workers
+
+
+@pytest.mark.parametrize("bad", [0.5, -1, (3, 1), "x", True])
+def test_remote_workers_is_checked(bad: Any) -> None:
+    with pytest.raises(ValueError, match="remote_workers"):
+        sl.DataLoader(list(range(8)), remote_workers=bad)
+
+
+def test_a_range_grows_while_the_loop_waits_and_shrinks_when_batches_pile_up(
+    cluster: Ray, monkeypatch: Any,
+) -> None:  # fmt: skip
+    from steadyload.engine.remote import scaling
+
+    monkeypatch.setattr(scaling, "INTERVAL_S", 0.5)
+    loader = sl.DataLoader(Augmented(400, sleep_s=0.1), batch_size=2, remote_workers=(1, 2))
+    got = []
+    for batch in loader:
+        got.append(batch)
+        changes = [d.change for d in loader.report().scaling]
+        if changes == [1, -1]:
+            break
+        if changes == [1] and len(loader.report().workers) == 2:
+            time.sleep(0.5)  # the loop is slower than two workers now: batches pile up
+    assert _indices(got) == list(range(2 * len(got)))  # order kept through both changes
+    decisions = loader.report().scaling
+    assert [d.change for d in decisions] == [1, -1], decisions
+    assert decisions[0].stall_share > 0.1 and decisions[1].stall_share < 0.02
+    assert "remote pool: grew to 2" in str(loader.report())
+
+
+def test_a_range_needs_a_map_style_dataset() -> None:
+    class Stream(torch.utils.data.IterableDataset[int]):
+        def __iter__(self) -> Iterator[int]:
+            return iter(range(4))
+
+    with pytest.raises(ValueError, match="needs a map-style dataset"):
+        iter(sl.DataLoader(Stream(), remote_workers=(1, 2)))
+
+
+def test_accelerate_keeps_remote_workers(cluster: Ray) -> None:
+    accelerate = pytest.importorskip("accelerate")
+    from steadyload.integrations.accelerate import prepare, steadyload_base
+
+    ds = Augmented(32)
+    expected = list(sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(),
+                                  num_workers=2, sample_seeds=True))  # fmt: skip
+    loader = sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(), sample_seeds=True,
+                           remote_workers=2)  # fmt: skip
+    prepared = prepare(accelerate.Accelerator(cpu=True), loader)
+    assert _same(list(prepared), expected)
+    report = steadyload_base(prepared).report()
+    assert [w.node is not None for w in report.workers] == [True, True]
+
+
+def test_remote_only_loaders_keep_persistent_workers_and_prefetch_factor(cluster: Ray) -> None:
+    loader = sl.DataLoader(Augmented(16), batch_size=4, remote_workers=2, prefetch_factor=1,
+                           persistent_workers=True, sample_seeds=True)  # fmt: skip
+    assert loader.prefetch_factor == 1 and loader.persistent_workers
+    epochs = []
+    for _ in range(2):
+        epochs.append(_indices(list(loader)))
+        pids = sorted(w.pid for w in loader.report().workers)
+        assert len(pids) == 2
+        epochs.append(pids)
+    assert epochs[0] == epochs[2] == list(range(16))
+    assert epochs[1] == epochs[3]  # the same actors served both epochs
+    del loader
+
+
+def test_the_object_store_does_not_grow_over_an_epoch(cluster: Ray) -> None:
+    def free() -> float:
+        return float(ray.available_resources().get("object_store_memory", 0.0))
+
+    before = free()
+    loader = sl.DataLoader(Big(64), batch_size=4, remote_workers=2)  # 4 MiB per batch
+    taken = sum(len(b[0]) for b in loader)
+    assert taken == 64
+    wait_until(lambda: free() >= before - (1 << 20), 20,
+               what=f"the object store to be as free as before the epoch ({before:.0f} bytes)")

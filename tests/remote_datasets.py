@@ -1,0 +1,69 @@
+"""Datasets for the remote-worker tests: importable by Ray's workers (the tests put the
+repository on their PYTHONPATH), each a real workload or a real fault."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+import steadyload as sl
+
+
+class Augmented(Dataset[Any]):
+    """Index, a random augmentation drawn from torch's generator, and the loading pid."""
+
+    def __init__(self, n: int = 48, sleep_s: float = 0.0) -> None:
+        self.n, self.sleep_s = n, sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return torch.tensor(i), torch.rand(3)
+
+
+class Faulty(Augmented):
+    """Raises on ``bad`` indices; hangs once on ``hang`` (a marker file says it did)."""
+
+    def __init__(self, n: int, bad: tuple[int, ...] = (), hang: int | None = None,
+                 marker: str = "", sleep_s: float = 0.0) -> None:  # fmt: skip
+        super().__init__(n, sleep_s)
+        self.bad, self.hang, self.marker = bad, hang, marker
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if i in self.bad:
+            raise ValueError(f"corrupt sample {i}")
+        if i == self.hang and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(os.getpid()))
+            time.sleep(600)  # the hang: hang_timeout kills the actor long before
+        return super().__getitem__(i)
+
+
+def _resource() -> dict[str, int]:
+    return {"pid": os.getpid(), "built_at": time.monotonic_ns()}
+
+
+class WithResource(Augmented):
+    """Returns, per sample, the pid and the build time of a per_worker resource."""
+
+    resource = sl.per_worker(_resource)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        r = self.resource
+        return torch.tensor(i), torch.tensor([r["pid"], r["built_at"]])
+
+
+class Big(Augmented):
+    """A 1 MiB tensor per sample: results go through the object store (not inlined)."""
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return torch.tensor(i), torch.full((512, 512), float(i))
