@@ -7,8 +7,8 @@ One local Ray cluster on loopback, started here and shut down at the end: a head
 CPU (the driver) and two 1-CPU worker nodes, 100 MiB of object store each, every node on
 127.0.0.1 (checked). Remote workers are ``RemoteWorkers(k, num_cpus=0.25)`` with
 ``num_workers=0`` (remote only), so 4 actors fit on the two nodes. Every epoch is a fresh
-loader (a remote-only loader cannot have ``persistent_workers``: torch's argument check
-refuses it with num_workers=0), so each measured epoch includes starting its actors.
+loader: each measured epoch is a run's first, starting its actors (with
+``persistent_workers=True`` later epochs keep them; the steady-rate column shows those).
 
 Sections (repetitions interleaved: rep 1 of every configuration, then rep 2, ...; medians):
   scaling   a wait-bound workload (time.sleep(20 ms) per sample, the CPU free; batch 8,
