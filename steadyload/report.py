@@ -235,7 +235,8 @@ class LoaderReport:
             if r.worker_id == -1 and r.pid is None:  # a lost node: the cause names them
                 who = ""
             lines.append(
-                f"  restart: {when(r.epoch)}{who}(pid {r.pid}) {r.cause}{sample}; "
+                f"  restart: {when(r.epoch)}{who}{f'(pid {r.pid}) ' if who else ''}{r.cause}"
+                f"{sample}; "
                 f"{r.batches_rerun} batch(es) re-run"
             )
         if self.skipped:

@@ -67,3 +67,25 @@ class Big(Augmented):
         if self.sleep_s:
             time.sleep(self.sleep_s)
         return torch.tensor(i), torch.full((512, 512), float(i))
+
+
+class Sharded(torch.utils.data.IterableDataset[int]):
+    """A stream each worker reads its share of (``get_worker_info()``), as torch shards."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return iter(range(worker, self.n, workers))
+
+
+class Counted(Augmented):
+    """Counts, in the process that pickles it, how often it was pickled."""
+
+    pickled = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        type(self).pickled += 1
+        return dict(self.__dict__)

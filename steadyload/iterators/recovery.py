@@ -188,7 +188,8 @@ class Recovery:
                 "restarts were already used in this epoch."
             )
         key = sample if sample is not None else ("batch", blamed_task)
-        if sample is not None or blamed_task is not None:
+        blames = died.remote is None or died.remote.counts  # not a lost node or object
+        if (sample is not None or blamed_task is not None) and blames:
             self._kills[key] += 1
         if self._kills.get(key, 0) >= 2:
             what = (

@@ -2,11 +2,12 @@
 
 `RemoteScaling` feeds the training loop's figures to the stall rule
 (engine/remote/scaling.py) once per window and applies its decisions to the remote pool. A
-worker id without an actor is *parked*: dispatch passes it by (torch's round-robin over
-the others), so the batches and their order are unchanged; only who loads them changes.
-Shrinking parks the highest live id and stops its actor once every task it holds was
-yielded (nothing is lost or loaded twice); growing starts an actor for the lowest parked
-id (a pending actor is what Ray's autoscaler sees as demand for a node).
+worker id without a running actor is *parked*: dispatch passes it by (torch's round-robin
+over the others), so the batches and their order are unchanged; only who loads them
+changes. Growing starts an actor for the lowest parked id, which joins dispatch once it
+says `Ready` (a pending actor, what Ray's autoscaler sees as demand for a node, never holds
+a batch back); shrinking parks the highest live id and stops its actor once every task it
+holds was yielded (nothing is lost or loaded twice).
 """
 
 from __future__ import annotations
@@ -37,54 +38,89 @@ class RemoteScaling:
                 "(get_worker_info().num_workers), so workers cannot come and go mid-epoch.\n"
                 f"Fix: a fixed count, remote_workers={spec.maximum}."
             )
+        if first_id == 0 and spec.minimum == 0:
+            raise ValueError(
+                f"remote_workers={spec.count} with num_workers=0 would start with no worker.\n"
+                "Why: the pool grows on the training loop's waits, and with no worker there is "
+                "no batch to wait for.\n"
+                f"Fix: remote_workers=(1, {spec.maximum}), or num_workers >= 1."
+            )
+        self._spec = spec
         self._first = first_id
         self._table = table
         self._record = record
+        self.parked: set[int] = set()
+        """Worker ids dispatch passes by: no actor, one starting, or one being drained."""
+        self.reset()
+
+    def reset(self) -> None:
+        """A new pool started its minimum of actors: every other id is parked."""
+        spec, first = self._spec, self._first
         self._scaler = rule.StallScaler(spec.minimum, spec.maximum, interval_s=rule.INTERVAL_S)
-        self.parked: set[int] = set(range(first_id + spec.minimum, first_id + spec.maximum))
-        """Worker ids dispatch passes by: no actor, or one being drained to stop."""
+        self.parked.clear()  # in place: the iterator's dispatch holds this set
+        self.parked.update(range(first + spec.minimum, first + spec.maximum))
+        self._starting: set[int] = set()
         self._draining: set[int] = set()
         self._next_look = 0.0
 
     def live(self) -> int:
         """Remote workers taking tasks now."""
-        return self._scaler.maximum - len(self.parked)
+        return self._spec.maximum - len(self.parked)
 
     def after_batch(self, pool: Any) -> int:
-        """A batch was taken: stop drained actors; once per window, apply the rule. Returns
-        the change (+1: the caller sends the added worker its share of the window)."""
-        remote = pool.remote
+        """A batch was taken: stop drained actors, let started ones join; once per window,
+        apply the rule. Returns how many workers joined dispatch (the caller sends them
+        their share of the window). A failure of Ray here is logged, never raised: the
+        batch in hand is already counted as yielded."""
+        try:
+            return self._step(pool.remote)
+        except Exception as exc:
+            _LOG.warning("steadyload: resizing the remote pool failed (%s: %s); it stays at "
+                         "%d workers", type(exc).__name__, exc, self.live())  # fmt: skip
+            return 0
+
+    def _step(self, remote: Any) -> int:
         for w in [w for w in self._draining if self._table.load[w] == 0]:
             self._draining.discard(w)
             remote.retire(w)
+        joined = [w for w in self._starting if remote.ready(w)]
+        for w in joined:
+            self._starting.discard(w)
+            self.parked.discard(w)
+            self._scaler.joined()
         now = time.monotonic()
         if now < self._next_look:
-            return 0
+            return len(joined)
         self._next_look = now + rule.INTERVAL_S / 4
         record, live = self._record, self.live()
         ready = sum(1 for t in self._table.tasks.values() if t.has_outcome)
         change, stall, rate, reason = self._scaler.observe(
-            now, record.wait_s, record.batches, live, ready, remote.unplaced())
-        if change == 0:
-            return 0
-        if change > 0:
-            w = min(self.parked)
-            self.parked.discard(w)
+            now, record.wait_s, record.batches, live, ready,
+            remote.unplaced() + len(self._starting))
+        ids = set(range(self._first, self._first + self._spec.maximum))
+        if change > 0 and self.parked - self._starting:
+            w = min(self.parked - self._starting)
             if w in self._draining:  # still has its actor: it takes tasks again
                 self._draining.discard(w)
+                self.parked.discard(w)
+                joined.append(w)
             else:
+                self._starting.add(w)
                 remote.respawn(w)
-        else:
-            w = max(set(range(self._first, self._first + self._scaler.maximum)) - self.parked)
+        elif change < 0 and ids - self.parked:
+            w = max(ids - self.parked)
             self.parked.add(w)
             self._draining.add(w)
+        else:
+            return len(joined)
         decision = rule.ScalingDecision(
-            at_s=time.perf_counter() - record.epoch_began, workers=self.live(), change=change,
-            stall_share=stall, batches_per_s=rate, reason=reason, epoch=record.epoch,
+            at_s=time.perf_counter() - record.epoch_began, workers=self.live() + len(
+                self._starting), change=change, stall_share=stall, batches_per_s=rate,
+            reason=reason, epoch=record.epoch,
         )  # fmt: skip
         record.scaling.append(decision)
         _LOG.info(
             "remote workers %s to %d (worker %d): %s (%.1f batches/s)",
             "grown" if change > 0 else "shrunk", decision.workers, w, reason, rate,
         )  # fmt: skip
-        return change
+        return len(joined)

@@ -130,7 +130,6 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _start_workers(self) -> None:
-        started = time.monotonic()
         checks = functools.partial(guards.check_process_start, self._dataset, self._local_workers)
         self._pool = pool = make_pool(self._plan, self._config, self._num_workers, checks)
         self._views = pool.views
@@ -139,8 +138,8 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             interrupts.attach()
         self._memory = self._recovery.memory = MemorySampler(pool.pids)
         self.record.memory = self._memory.snapshot
-        _LOG.debug("started %d %s workers (%s) in %.3f s", self._num_workers, self._plan.kind,
-                   pool.start_method, time.monotonic() - started)  # fmt: skip
+        if self._scaling is not None:  # a new pool starts at the range's minimum
+            self._scaling.reset()
 
     def _shutdown_workers(self) -> None:
         memory = getattr(self, "_memory", None)

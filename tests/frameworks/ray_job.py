@@ -10,6 +10,9 @@
 3. trains the same epoch again on a fresh loader, SIGKILLing one of its workers after the
    2nd batch.
 
+With ``remote`` after OUT, each worker instead trains on a loader whose 2 workers are Ray
+actors placed by a custom resource (`train_func_remote`).
+
 Each worker writes OUT/rank<r>.json (batches, the pids that loaded them, the fork server's
 pid, the loader's types and options, report() figures); the driver prints one JSON line.
 """
@@ -110,6 +113,37 @@ def train_func(config: dict[str, Any]) -> None:
     ray.train.report({"rank": rank})
 
 
+def train_func_remote(config: dict[str, Any]) -> None:
+    """One Ray Train worker whose loader's workers are Ray actors placed on the "CPU
+    nodes" (a custom resource stands for them): prepare_data_loader keeps them."""
+    import ray.train
+
+    import steadyload as sl
+    from steadyload.integrations.ray import prepare_data_loader
+    from tests.frameworks.samples import PidSquares
+
+    rank = ray.train.get_context().get_world_rank()
+    info: dict[str, Any] = {"rank": rank, "actor_pid": os.getpid()}
+    try:
+        spec = sl.RemoteWorkers(2, num_cpus=0.25, resources={"cpu_pool": 1})
+        loader = sl.DataLoader(PidSquares(N, delay_s=0.01), batch_size=BATCH, shuffle=True,
+                               remote_workers=spec, on_error="skip")  # fmt: skip
+        prepared = prepare_data_loader(loader)
+        inner = prepared._dataloader
+        info["batches"] = [batch["i"].tolist() for batch in prepared]
+        report = inner.report()
+        info.update(
+            remote_workers=repr(inner.remote_workers), sampler=type(inner.sampler).__qualname__,
+            nodes=[w.node for w in report.workers], pids=[w.pid for w in report.workers],
+        )  # fmt: skip
+    except Exception as e:  # reported to the test, which fails with it
+        import traceback
+
+        info["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-3000:]}"
+    Path(config["out"], f"rank{rank}.json").write_text(json.dumps(info))
+    ray.train.report({"rank": rank})
+
+
 def main() -> None:
     """Start Ray, train, print the outcome as one JSON line, stop Ray."""
     import ray
@@ -120,16 +154,20 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     root = str(Path(__file__).resolve().parents[2])
     t = time.monotonic()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    remote = sys.argv[2:] == ["remote"]  # the loaders' workers as Ray actors
+    # address="local": a new instance of its own, never a cluster another test started on
+    # this machine (Ray would join the latest one it finds).
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             resources={"cpu_pool": 4} if remote else None,
              runtime_env={"env_vars": {"PYTHONPATH": root}})  # fmt: skip
     try:
         init_s = time.monotonic() - t
         # Where Ray's node lives: loopback only on these machines (set by __main__ below).
         addresses = sorted({node["NodeManagerAddress"] for node in ray.nodes()})
         trainer = TorchTrainer(
-            train_func, train_loop_config={"out": str(out)},
+            train_func_remote if remote else train_func, train_loop_config={"out": str(out)},
             scaling_config=ScalingConfig(num_workers=2, use_gpu=False,
-                                         resources_per_worker={"CPU": 1}),
+                                         resources_per_worker={"CPU": 0.5 if remote else 1}),
             run_config=RunConfig(storage_path=str(out / "ray"), name="steadyload"),
         )  # fmt: skip
         t = time.monotonic()

@@ -201,3 +201,34 @@ def test_ray_train_two_workers_keep_steadyload_through_a_killed_worker(tmp_path:
         assert (worker_id, cause) == (0, "killed by SIGKILL") and rerun > 0
         shards.append({i for b in clean["batches"] for i in b})
     assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(ray_job.N))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ray_train_ranks_place_their_loader_workers_as_actors(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # loopback only (checked below)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.frameworks.ray_job", str(tmp_path), "remote"], cwd=ROOT,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever Ray left in the session
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
+    outcome = json.loads(stdout.strip().splitlines()[-1])
+    assert outcome["error"] is None and outcome["node_addresses"] == ["127.0.0.1"], outcome
+    for rank in (0, 1):
+        info = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert "error" not in info, info.get("error")
+        assert info["batches"] == _expected_shard(ray_job.N, rank, True, ray_job.BATCH, False)
+        assert "resources={'cpu_pool': 1}" in info["remote_workers"]
+        assert info["sampler"] == "DistributedSampler"
+        assert all(info["nodes"]) and len(info["nodes"]) == 2  # both workers are actors
+        assert info["actor_pid"] not in info["pids"]

@@ -19,6 +19,8 @@ parent pid), the restarts, what the loader was built with, and any steadyload wa
   fault-free and with a worker SIGKILLed after step KILL_STEP.
 - ``K``: as B1 with the Trainer's default ``dataloader_persistent_workers=False`` (a new
   iterator each epoch): ``steadyload_report()`` after train() still shows epoch 0's restart.
+- ``R1``/``R2``: as A (with a checkpoint at SAVE_AT) and its resume, with 1 local worker
+  and 2 remote workers (Ray actors; ``RAY_ADDRESS`` names the cluster).
 - ``E``: the mixin's errors (an unknown option, transformers without skip_first_batches) and
   whether the resume patch is in place during train() and gone after an exception.
 """
@@ -151,15 +153,19 @@ def trainer_run(out: Path, run: str) -> dict[str, Any]:
     else:
         cls = type("T", (Recording, SteadyloadTrainerMixin, Trainer), {})
     kwargs = {} if run == "W" else {"steadyload_options": OPTIONS}
+    if run[0] == "R":  # 1 local worker + 2 Ray actors (RAY_ADDRESS names the cluster)
+        kwargs = {"steadyload_options": {**OPTIONS, "remote_workers": 2}}
     eval_logs = out / f"eval-{run}-{os.environ.get('RANK', '0')}"
     eval_logs.mkdir(exist_ok=True)
-    extra = {"dataloader_persistent_workers": False} if run == "K" else {}
+    extra: dict[str, Any] = {"dataloader_persistent_workers": False} if run == "K" else {}
+    if run[0] == "R":
+        extra["dataloader_num_workers"] = 1
     trainer = cls(model=tiny_gpt2(), args=_args(out, run, **extra),
                   train_dataset=Tokens(N, str(logs)),
                   eval_dataset=Tokens(16, str(eval_logs)) if run == "A" else None,
                   callbacks=[_probe(record, kill=run in ("B1", "K"))], **kwargs)
     resume = None
-    if run in ("B2", "B3", "U2", "U3", "W"):
+    if run in ("B2", "B3", "U2", "U3", "W", "R2"):
         resume = str(out / run[0].replace("W", "U") / f"checkpoint-{SAVE_AT}")
     if run in ("B3", "U3"):  # resume by index, without the loader's state
         for name in os.listdir(resume):
@@ -171,6 +177,8 @@ def trainer_run(out: Path, run: str) -> dict[str, Any]:
         trainer.train(resume_from_checkpoint=resume)
     record["warnings"] = [str(w.message) for w in caught if "steadyload" in str(w.message)]
     record["train_s"] = time.monotonic() - record.pop("t0")
+    if run[0] == "R":  # which workers served the last epoch (remote ones name their node)
+        record["report"] = str(steadyload_base(trainer.callback_handler.train_dataloader).report())
     loader = trainer.callback_handler.train_dataloader
     base = steadyload_base(loader)
     if base is not None:

@@ -27,7 +27,7 @@ import torch
 
 import steadyload as sl
 from tests.conftest import processes_gone, wait_until
-from tests.remote_datasets import Augmented, Big, Faulty, WithResource
+from tests.remote_datasets import Augmented, Big, Counted, Faulty, Sharded, WithResource
 
 ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,6 +163,14 @@ def test_local_and_remote_workers_give_torchs_batches(cluster: Ray) -> None:
     assert "is remote: Ray node" in str(report)
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_a_stream_is_sharded_over_local_and_remote_workers_as_torch_does(cluster: Ray) -> None:
+    expected = list(torch.utils.data.DataLoader(Sharded(30), batch_size=2, num_workers=3,
+                                                multiprocessing_context="forkserver"))  # fmt: skip
+    got = list(sl.DataLoader(Sharded(30), batch_size=2, num_workers=1, remote_workers=2))
+    assert [b.tolist() for b in got] == [b.tolist() for b in expected]
+
+
 def test_a_sigkilled_actor_is_replaced_and_its_batches_rerun_once(cluster: Ray,
                                                                  caplog: Any) -> None:  # fmt: skip
     ds = Augmented(48)
@@ -269,6 +277,12 @@ def test_skip_names_the_remote_sample_and_its_exception(cluster: Ray) -> None:
                        (17, "builtins.ValueError", "corrupt sample 17")]  # fmt: skip
 
 
+def test_the_dataset_is_shipped_once_not_once_per_task(cluster: Ray) -> None:
+    Counted.pickled = 0
+    got = list(sl.DataLoader(Counted(40), batch_size=2, remote_workers=2))  # 20 tasks
+    assert len(got) == 20 and Counted.pickled == 1
+
+
 def test_per_worker_resources_are_built_once_per_actor(cluster: Ray) -> None:
     got = list(sl.DataLoader(WithResource(24), batch_size=3, remote_workers=2))
     built: dict[int, set[int]] = {}
@@ -309,6 +323,24 @@ def test_actors_end_with_the_loader(cluster: Ray, how: str) -> None:
         with pytest.raises(ValueError, match="corrupt sample 9"):
             list(it)
     del it  # the test's fixture waits for every actor to be dead
+
+
+def test_ctrl_c_while_waiting_for_remote_workers_loses_no_batch(cluster: Ray) -> None:
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        it = iter(sl.DataLoader(Augmented(24, sleep_s=0.1), batch_size=2, remote_workers=2))
+        got = [next(it)]
+        timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            while True:
+                got.append(next(it))  # the SIGINT lands while next() waits for an actor
+        timer.join()
+        got += list(it)  # the loop goes on, as after Ctrl-C with torch's workers
+        assert _indices(got) == list(range(24))
+        del it
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_actors_die_with_a_sigkilled_driver(cluster: Ray, tmp_path: Path) -> None:
@@ -370,14 +402,17 @@ def test_a_range_grows_while_the_loop_waits_and_shrinks_when_batches_pile_up(
 
     monkeypatch.setattr(scaling, "INTERVAL_S", 0.5)
     loader = sl.DataLoader(Augmented(400, sleep_s=0.1), batch_size=2, remote_workers=(1, 2))
-    got = []
+    got: list[Any] = []
+    both_since = None
     for batch in loader:
         got.append(batch)
         changes = [d.change for d in loader.report().scaling]
         if changes == [1, -1]:
             break
         if changes == [1] and len(loader.report().workers) == 2:
-            time.sleep(0.5)  # the loop is slower than two workers now: batches pile up
+            both_since = both_since or time.monotonic()
+            if time.monotonic() - both_since > 2.0:  # the growth was judged (it helped)
+                time.sleep(0.5)  # the loop is slower than two workers now: batches pile up
     assert _indices(got) == list(range(2 * len(got)))  # order kept through both changes
     decisions = loader.report().scaling
     assert [d.change for d in decisions] == [1, -1], decisions
@@ -434,3 +469,23 @@ def test_the_object_store_does_not_grow_over_an_epoch(cluster: Ray) -> None:
     assert taken == 64
     wait_until(lambda: free() >= before - (1 << 20), 20,
                what=f"the object store to be as free as before the epoch ({before:.0f} bytes)")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)  # two Trainer runs; each actor imports transformers
+def test_the_trainer_keeps_remote_workers_and_resumes_exactly(cluster: Ray, tmp_path: Path) -> None:
+    """transformers' Trainer with the mixin, 1 local + 2 remote workers: a run with a
+    checkpoint mid-epoch, then a resume from it, which sees the uninterrupted run's batches."""
+    pytest.importorskip("transformers")
+    import json
+
+    env = {**os.environ, **LOOPBACK, "PYTHONPATH": str(ROOT),
+           "RAY_ADDRESS": cluster.cluster.address}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "tests.frameworks.trainer_job", str(tmp_path),
+                           "R1", "R2"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    whole, resumed = (json.loads((tmp_path / f"{r}-rank0.json").read_text()) for r in ("R1", "R2"))
+    assert resumed["batches"] == whole["batches"][whole["save_at"]:]
+    assert whole["restarts"] == resumed["restarts"] == []
+    assert whole["report"].count("is remote: Ray node") == 2, whole["report"]

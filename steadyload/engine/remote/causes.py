@@ -30,6 +30,9 @@ class RemoteCause:
     node_lost: bool = False
     ray_text: str = ""
     """Ray's own words (the exception or the control store's death cause)."""
+    counts: bool = True
+    """Whether the batch may have caused it (a process death, Ray's memory monitor): only
+    then does it count toward "killed a worker twice"; a lost node or object does not."""
 
 
 def _enum_name(message: Any, field: str) -> str:
@@ -101,7 +104,7 @@ def classify(
             "its result object was lost", f"Ray lost the batch's result object on {node}: {text}",
             "nothing, if it is rare (the batch is re-run, once); if it repeats, give the "
             "object store more memory (ray start --object-store-memory) or check that node.",
-            node_id, address, ray_text=text,
+            node_id, address, ray_text=text, counts=False,
         )  # fmt: skip
     death = actor_death(ray, actor_id)
     alive, node_reason = node_state(ray, node_id)
@@ -120,7 +123,7 @@ def classify(
             f"{node} preempted", f"the cloud provider took back {node} (Ray: preempted)",
             "nothing: spot nodes go; the batches were re-run on the others. Use on-demand "
             "nodes (or a label_selector) for a pool that must not shrink.",
-            node_id, address, node_lost=True, ray_text=ray_text,
+            node_id, address, node_lost=True, ray_text=ray_text, counts=False,
         )  # fmt: skip
     if death.get("reason") == "NODE_DIED" or alive is False or unreachable:
         why = node_reason or death.get("node_text") or ray_text
@@ -130,14 +133,14 @@ def classify(
             + ("; its raylet stopped answering" if unreachable and alive is not False else ""),
             "nothing, if it is rare: the batches were re-run on the other workers. If nodes "
             f"go often, look at {logs} and at the machine (kernel log, power, network).",
-            node_id, address, node_lost=True, ray_text=ray_text,
+            node_id, address, node_lost=True, ray_text=ray_text, counts=False,
         )  # fmt: skip
     if death.get("reason") == "RAY_KILL":
         return RemoteCause(
             "killed through Ray", f"something other than steadyload killed the actor "
             f"(ray.kill, `ray stop`): {ray_text}",
             "do not kill a loader's actors by hand; they end with the loader.",
-            node_id, address, ray_text=ray_text,
+            node_id, address, ray_text=ray_text, counts=False,
         )  # fmt: skip
     return RemoteCause(
         "its Ray worker process died", f"the actor's process (pid {pid}) on {node} exited "

@@ -99,6 +99,9 @@ class RemotePool:
 
     def respawn(self, worker_id: int) -> None:
         """Start a fresh actor for ``worker_id`` (same id, same seed)."""
+        old = self._actors.get(worker_id)
+        if old is not None and not old.gone:  # never two actors for one id
+            self._end(old)
         self._generations[worker_id] += 1
         a = _Actor(worker_id, self._generations[worker_id], self._clock())
         options = self._options
@@ -151,6 +154,11 @@ class RemotePool:
         """Itself (a `MixedPool` has one too)."""
         return self
 
+    def ready(self, worker_id: int) -> bool:
+        """Whether the worker's actor said `Ready` and is alive."""
+        a = self._actors.get(worker_id)
+        return a is not None and a.pid is not None and not a.gone
+
     def unplaced(self) -> int:
         """Actors Ray has not started yet (no `Ready`)."""
         return sum(1 for a in self._actors.values() if a.pid is None and not a.gone)
@@ -200,10 +208,8 @@ class RemotePool:
             for notice in notices:
                 self._put(a, notice)
                 if isinstance(notice, Retire):  # it stopped after this task: replace it
-                    self._generations[a.worker_id] += 1
-                    self._end(a)
-                    self._events.put((a.worker_id, self._generations[a.worker_id], Died(
-                        exitcode=0, pid=a.pid, progress=None, kind=REMOTE)))  # fmt: skip
+                    self._end(a)  # (its generation stays: the respawn moves it on)
+                    self._put(a, Died(exitcode=0, pid=a.pid, progress=None, kind=REMOTE))
                     return
 
     def _progress_of(self, a: _Actor) -> Progress:
@@ -218,10 +224,6 @@ class RemotePool:
         `NodeLost` for every actor of a lost node."""
         cause = causes.classify(self._ray, exc, a.handle._actor_id.hex(), a.node_id,
                                 a.address, a.pid)  # fmt: skip
-        if task_id == _READY and not cause.node_lost and a.pid is None:
-            text = causes._first_lines(str(exc), 6)
-            self._put(a, StartFailed(type(exc).__name__, text, str(exc)))
-            return
         with self._lock:  # the first collector to see it claims every actor it took
             if a.gone or self._actors.get(a.worker_id) is not a:
                 return

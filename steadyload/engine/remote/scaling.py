@@ -52,13 +52,19 @@ class StallScaler:
         self._window: tuple[float, float, int] | None = None  # (time, wait_s, batches)
         self._grown_from: float | None = None  # the batch rate before the latest growth
 
+    def joined(self) -> None:
+        """An added worker started taking tasks: the next window begins now (its first
+        batches, loaded while the loop waited, are not the pool's steady rate)."""
+        self._window = None
+
     def observe(
         self, now: float, wait_s: float, batches: int, live: int, ready: int, unplaced: int,
     ) -> tuple[int, float, float, str]:  # fmt: skip
         """(change, stall share, batch rate, reason) for the figures at ``now``: the loop's
         total waiting seconds and batches so far, the live remote workers, batches ready
         and not yet taken, and actors Ray has not placed yet. Change 0: nothing to do."""
-        if self._window is None or unplaced:  # an added actor is not running yet: wait
+        if self._window is None or unplaced or batches < self._window[2]:
+            # An added actor is not running yet (wait for it), or a new epoch began.
             self._window = (now, wait_s, batches)
             return 0, 0.0, 0.0, ""
         began, waited, taken = self._window
