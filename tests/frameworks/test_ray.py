@@ -153,13 +153,13 @@ def test_a_ray_wrapper_that_changed_is_said_so() -> None:
                                 persistent_workers=False)), loader)  # fmt: skip
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_ray_train_two_workers_keep_steadyload_through_a_killed_worker(tmp_path: Path) -> None:
+def _ray_job(out: Path, *mode: str) -> dict[str, Any]:
+    """Run tests/frameworks/ray_job.py (Ray on loopback only, checked by the callers) and
+    return the outcome line it prints; kill whatever Ray left in its session."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # loopback only (checked below)
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # fmt: skip
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.frameworks.ray_job", str(tmp_path)], cwd=ROOT, env=env,
+        [sys.executable, "-m", "tests.frameworks.ray_job", str(out), *mode], cwd=ROOT, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
@@ -171,7 +171,13 @@ def test_ray_train_two_workers_keep_steadyload_through_a_killed_worker(tmp_path:
             pass
         proc.wait(timeout=10)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
-    outcome = json.loads(stdout.strip().splitlines()[-1])
+    return json.loads(stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ray_train_two_workers_keep_steadyload_through_a_killed_worker(tmp_path: Path) -> None:
+    outcome = _ray_job(tmp_path)
     assert outcome["error"] is None, outcome
     assert outcome["node_addresses"] == ["127.0.0.1"], outcome  # never the routable address
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -206,23 +212,7 @@ def test_ray_train_two_workers_keep_steadyload_through_a_killed_worker(tmp_path:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ray_train_ranks_place_their_loader_workers_as_actors(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # loopback only (checked below)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.frameworks.ray_job", str(tmp_path), "remote"], cwd=ROOT,
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever Ray left in the session
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
-    outcome = json.loads(stdout.strip().splitlines()[-1])
+    outcome = _ray_job(tmp_path, "remote")
     assert outcome["error"] is None and outcome["node_addresses"] == ["127.0.0.1"], outcome
     for rank in (0, 1):
         info = json.loads((tmp_path / f"rank{rank}.json").read_text())

@@ -124,7 +124,6 @@ class RemoteWorker:
         self._config = config
         self._started: StartFailed | None = None
         self._answers: dict[int, asyncio.Future[Any]] = {}
-        self._early: dict[int, Any] = {}  # outcomes of tasks whose future is not made yet
         self._lock = threading.Lock()
         self._queued: dict[int, Any] = {}  # numbered messages not yet fed to the loop
         self._next = 0
@@ -162,11 +161,8 @@ class RemoteWorker:
 
     def answer(self, task_id: int, outcome: Any) -> None:
         """The loop's outcome for ``task_id``: resolve the waiting call (any thread)."""
-        with self._lock:
-            future = self._answers.pop(task_id, None)
-            if future is None:
-                self._early[task_id] = outcome
-                return
+        with self._lock:  # made before its task reached the loop (`call`): always there
+            future = self._answers.pop(task_id)
         assert self._aio is not None
         self._aio.call_soon_threadsafe(_resolve, future, outcome)
 
@@ -188,11 +184,7 @@ class RemoteWorker:
         if isinstance(msg, Task):
             future = self._aio.create_future()
             with self._lock:
-                early = self._early.pop(msg.task_id, None)
-                if early is None:
-                    self._answers[msg.task_id] = future
-            if early is not None:
-                future.set_result(early)
+                self._answers[msg.task_id] = future
         self._queued[number] = msg
         while self._next in self._queued:  # only this event loop's thread runs here
             self.inbox.put(self._queued.pop(self._next))
