@@ -325,6 +325,33 @@ def test_actors_end_with_the_loader(cluster: Ray, how: str) -> None:
     del it  # the test's fixture waits for every actor to be dead
 
 
+def test_an_idle_iterator_gives_its_actors_to_a_loader_ray_could_not_place(
+    cluster: Ray, caplog: Any,
+) -> None:  # fmt: skip
+    args: dict[str, Any] = dict(batch_size=4, shuffle=True, sample_seeds=True)
+    expected = list(sl.DataLoader(Augmented(32), generator=_gen(), num_workers=2, **args))
+    left = iter(sl.DataLoader(Augmented(32), generator=_gen(), remote_workers=2, **args))
+    first = [next(left) for _ in range(2)]  # its 2 actors hold both CPUs of the cluster
+    other = sl.DataLoader(Augmented(16), batch_size=4, remote_workers=2, sample_seeds=True)
+    with caplog.at_level(logging.INFO, logger="steadyload"):
+        assert _indices(list(other)) == list(range(16))  # without the give-back: waits for ever
+        assert "gave back their Ray resources" in caplog.text
+        rest = list(left)  # used again: it asks Ray for its workers again
+    assert "start again: their iterator is in use again" in caplog.text
+    assert _same(first + rest, expected)  # nothing lost or loaded twice, torch's order
+
+
+def test_an_idle_stream_keeps_its_actors(cluster: Ray) -> None:
+    it = iter(sl.DataLoader(Sharded(16), batch_size=2, remote_workers=1))
+    next(it)
+    pool = it._pool
+    wait_until(lambda: not any(a.held for a in pool._actors.values()), 30, what="tasks done")
+    time.sleep(1.2)  # idle for longer than sharing.IDLE_S
+    assert pool.give_back() == []  # the actor holds the stream's position
+    assert len(list(it)) == 7
+    del it
+
+
 def test_ctrl_c_while_waiting_for_remote_workers_loses_no_batch(cluster: Ray) -> None:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
     try:
@@ -429,7 +456,9 @@ def test_a_range_needs_a_map_style_dataset() -> None:
         iter(sl.DataLoader(Stream(), remote_workers=(1, 2)))
 
 
-def test_accelerate_keeps_remote_workers(cluster: Ray) -> None:
+def test_accelerate_keeps_remote_workers_and_resumes_with_another_placement(
+    cluster: Ray, tmp_path: Path,
+) -> None:  # fmt: skip
     accelerate = pytest.importorskip("accelerate")
     from steadyload.integrations.accelerate import prepare, steadyload_base
 
@@ -438,10 +467,22 @@ def test_accelerate_keeps_remote_workers(cluster: Ray) -> None:
                                   num_workers=2, sample_seeds=True))  # fmt: skip
     loader = sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(), sample_seeds=True,
                            remote_workers=2)  # fmt: skip
-    prepared = prepare(accelerate.Accelerator(cpu=True), loader)
-    assert _same(list(prepared), expected)
+    acc = accelerate.Accelerator(cpu=True)
+    prepared = prepare(acc, loader)
+    it = iter(prepared)
+    before = [next(it) for _ in range(3)]
+    acc.save_state(str(tmp_path))  # with the loader's state_dict()
+    rest = list(it)
+    assert _same(before + rest, expected)
     report = steadyload_base(prepared).report()
     assert [w.node is not None for w in report.workers] == [True, True]
+    del it, prepared
+    acc2 = accelerate.Accelerator(cpu=True)  # a fresh run: another seed, another placement
+    again = prepare(acc2, sl.DataLoader(
+        ds, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7),
+        sample_seeds=True, num_workers=1, remote_workers=1))
+    acc2.load_state(str(tmp_path))
+    assert _same(list(again), rest)
 
 
 def test_remote_only_loaders_keep_persistent_workers_and_prefetch_factor(cluster: Ray) -> None:
@@ -489,3 +530,39 @@ def test_the_trainer_keeps_remote_workers_and_resumes_exactly(cluster: Ray, tmp_
     assert resumed["batches"] == whole["batches"][whole["save_at"]:]
     assert whole["restarts"] == resumed["restarts"] == []
     assert whole["report"].count("is remote: Ray node") == 2, whole["report"]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.* is deprecated:FutureWarning")
+def test_lightning_keeps_remote_workers_through_predict_and_a_mid_epoch_resume(
+    cluster: Ray, tmp_path: Path,
+) -> None:  # fmt: skip
+    lightning = pytest.importorskip("lightning")
+    from tests.frameworks.samples import PidSquares
+    from tests.frameworks.test_lightning import Interrupt, Recorder
+
+    def trainer(*callbacks: Any) -> Any:
+        return lightning.Trainer(
+            accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_progress_bar=False,
+            enable_checkpointing=False, enable_model_summary=False, callbacks=list(callbacks))
+
+    def fit(model: Any, *callbacks: Any, ckpt: Path | None = None) -> None:
+        trainer(*callbacks).fit(model, sl.DataLoader(
+            PidSquares(24, delay_s=0.01), batch_size=4, shuffle=True, remote_workers=2,
+            generator=torch.Generator().manual_seed(0), sample_seeds=True), ckpt_path=ckpt)
+
+    full, part, rest, ckpt = Recorder(), Recorder(), Recorder(), tmp_path / "mid.ckpt"
+    fit(full)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit(part, Interrupt(ckpt, after=2))
+    fit(rest, ckpt=ckpt)
+    assert len(part.batches) == 3 and len(full.batches) == 12
+    assert part.batches + rest.batches == full.batches  # Lightning's resume, exact
+    model, predictor = Recorder(), trainer()
+    predictor.predict(model, dataloaders=sl.DataLoader(PidSquares(16), batch_size=4,
+                                                       remote_workers=2))  # fmt: skip
+    rebuilt = predictor.predict_dataloaders
+    assert type(rebuilt) is sl.DataLoader and rebuilt.remote_workers == 2  # re-instantiated
+    assert [w.node is not None for w in rebuilt.report().workers] == [True, True]
+    assert model.batches == [list(range(k, k + 4)) for k in range(0, 16, 4)]

@@ -16,7 +16,8 @@ checkpoints and the report are the iterator's, as for processes and threads:
   what the worker held. Ray never retries anything itself (``max_restarts=0``,
   ``max_task_retries=0``): a task is re-run only by the iterator, under the same task id,
   so a late duplicate is dropped by the task table.
-- Each actor has a generation; events of an actor that was replaced are dropped.
+- Each actor has a generation; events of an actor that was replaced are dropped. An idle
+  pool gives its actors back to another pool that Ray cannot place (sharing.py).
 - Progress (for ``hang_timeout``) is inferred here: the oldest task an actor holds
   started when the outcome before it arrived (or when it was sent to an idle actor);
   the sample being loaded is known after a stack dump (`dump_stack` asks the actor).
@@ -33,18 +34,18 @@ from typing import Any
 
 from ..config import WorkerConfig
 from ..events import Died, NodeLost, Received
+from ..fetch import MAP, stateful
 from ..pool import REMOTE, Kind
 from ..protocol import Done, Reset, Restore, Retire, StartFailed, Stop, Task
 from ..status import IDLE, LOADING, Progress
 from ..thread.worker import Outbox
-from . import causes
+from . import causes, sharing
 from .actor import CONTROL, RemoteWorker
-from .records import PLACEMENT_WARN_S, RemoteView, _Actor, dumps_config, warn_unplaced
+from .records import RemoteView, _Actor, dumps_config
 from .spec import RemoteWorkers, connect, import_ray
 
 _LOG = logging.getLogger(__name__)
 _READY = -1  # the collector's marker for the actor's `ready` call
-_NODE_ID = "ray.io/node-id"  # the label Ray gives every node
 
 
 class RemotePool:
@@ -66,15 +67,20 @@ class RemotePool:
         self._clock = clock
         self._ray: Any = None
         self._class: Any = None
-        self._options: dict[str, Any] = {}  # the actors' Ray options
         self._config_ref: Any = None
         self._actors: dict[int, _Actor] = {}
         self._generations = collections.Counter[int]()
         self._events = Outbox()
         self._lost_nodes: set[str] = set()  # never placed on again by this pool
-        self._lock = threading.Lock()  # collectors and the iterating thread, on _actors
+        self._lock = threading.RLock()  # collectors, other pools and the iterating thread
         self.views: list[RemoteView | None] = [None] * self._count
         self.running = False
+        # sharing.py: whether the actors hold nothing that must survive, the ids given back,
+        # and when the iterator last looked at this pool (and whether it is looking now)
+        self._shareable = config.dataset_kind == MAP and not stateful(config.dataset)
+        self._released: set[int] = set()
+        self._polled, self._in_poll = time.monotonic(), False
+        sharing.register(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, count: int | None = None) -> None:
@@ -83,16 +89,7 @@ class RemotePool:
         ray = self._ray = import_ray()
         connect(ray, self._spec)
         self._config_ref = ray.put(dumps_config(self._config))
-        spec = self._spec
-        options: dict[str, Any] = dict(
-            num_cpus=spec.num_cpus, max_restarts=0, max_task_retries=0,
-            scheduling_strategy=spec.scheduling_strategy,
-        )  # fmt: skip
-        for key in ("resources", "memory", "label_selector", "runtime_env"):
-            if getattr(spec, key) is not None:
-                options[key] = getattr(spec, key)
         self._class = ray.remote(concurrency_groups={CONTROL: 1})(RemoteWorker)
-        self._options = options
         self.running = True
         for i in range(self._spec.minimum if count is None else count):
             self.respawn(self._first + i)  # a range starts at its minimum
@@ -103,13 +100,13 @@ class RemotePool:
         if old is not None and not old.gone:  # never two actors for one id
             self._end(old)
         self._generations[worker_id] += 1
+        self._released.discard(worker_id)
+        self._spawn(worker_id)
+
+    def _spawn(self, worker_id: int) -> None:
         a = _Actor(worker_id, self._generations[worker_id], self._clock())
-        options = self._options
-        if self._lost_nodes:  # Ray may still place actors there until its health check
-            labels = dict(self._spec.label_selector or {})
-            labels[_NODE_ID] = f"!in({', '.join(sorted(self._lost_nodes))})"
-            options = {**options, "label_selector": labels}
-        a.handle = self._class.options(**options).remote(self._config_ref, worker_id)
+        a.handle = self._class.options(**self._spec.actor_options(self._lost_nodes)).remote(
+            self._config_ref, worker_id)  # fmt: skip
         with self._lock:
             self._actors[worker_id] = a
         self.views[worker_id - self._first] = RemoteView(worker_id, a)
@@ -121,6 +118,7 @@ class RemotePool:
         """Stop ``worker_id``'s actor for good (the pool shrinks): no event follows."""
         with self._lock:
             a = self._actors.pop(worker_id, None)
+            self._released.discard(worker_id)
         if a is not None:
             self._generations[worker_id] += 1
             self._end(a)
@@ -138,6 +136,7 @@ class RemotePool:
         self.running = False
         with self._lock:
             actors, self._actors = list(self._actors.values()), {}
+            self._released.clear()
         for a in actors:
             self._generations[a.worker_id] += 1
             self._end(a)
@@ -176,8 +175,7 @@ class RemotePool:
             ref, task_id = item
             del item
             if task_id == _READY:
-                if not self._ray.wait([ref], timeout=PLACEMENT_WARN_S)[0] and not a.gone:
-                    warn_unplaced(self._ray, self._spec, a.worker_id)
+                sharing.await_placement(self._ray, self._spec, a, ref, self)
             try:
                 result = ray.get(ref)
             except BaseException as exc:
@@ -211,6 +209,23 @@ class RemotePool:
                     self._end(a)  # (its generation stays: the respawn moves it on)
                     self._put(a, Died(exitcode=0, pid=a.pid, progress=None, kind=REMOTE))
                     return
+
+    def give_back(self) -> list[int]:
+        """Kill every actor if this pool is idle and they hold nothing that must survive
+        (sharing.py); they start again at the next send. Returns the worker ids."""
+        with self._lock:
+            live = [a for a in self._actors.values() if not a.gone]
+            if (not self.running or not self._shareable or self._in_poll or not live
+                    or time.monotonic() - self._polled < sharing.IDLE_S
+                    or any(a.held for a in live)):  # fmt: skip
+                return []
+            for a in live:
+                a.gone = True  # under the lock: a send now asks for them again
+            ids = sorted(a.worker_id for a in live)
+            self._released.update(ids)
+        for a in live:
+            self._end(a)
+        return ids
 
     def _progress_of(self, a: _Actor) -> Progress:
         if a.fields is not None:
@@ -247,17 +262,24 @@ class RemotePool:
 
     # -- messaging ---------------------------------------------------------------------------
     def _send(self, worker_id: int, msg: object, task_id: int | None = None) -> None:
-        a = self._actors.get(worker_id)
-        if a is None or a.gone:
-            return
-        ref = a.handle.call.remote(a.number, msg)
-        a.number += 1
-        if task_id is not None:
-            with self._lock:
+        with self._lock:  # give_back cannot take the actor between the check and the call
+            self._polled = time.monotonic()
+            if self._released:  # the iterator is in use again (sharing.py)
+                ids = sorted(self._released)
+                self._released.clear()
+                _LOG.info("remote workers %s start again: their iterator is in use again", ids)
+                for w in ids:
+                    self._spawn(w)  # same generation: the results fetched before still count
+            a = self._actors.get(worker_id)
+            if a is None or a.gone:
+                return
+            ref = a.handle.call.remote(a.number, msg)
+            a.number += 1
+            if task_id is not None:
                 if not a.held:
                     a.head_ns = time.monotonic_ns()
                 a.held.append(task_id)
-            a.calls.put((ref, task_id))
+                a.calls.put((ref, task_id))
 
     def send_task(self, worker_id: int, task_id: int, indices: Any, epoch: int = 0) -> None:
         """Send a task: one actor call, whose result is its outcome."""
@@ -278,6 +300,7 @@ class RemotePool:
 
     def waitables(self) -> list[Any]:
         """The outbox's socket, armed (as a `ThreadPool`'s)."""
+        self._in_poll = True
         self._events.armed = True
         return [self._events]
 
@@ -287,6 +310,7 @@ class RemotePool:
 
     def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
         """Every queued event of a current actor (or pool-wide), without blocking."""
+        self._polled, self._in_poll = time.monotonic(), False
         events = self._events
         if events.armed:
             events.armed = False
@@ -301,6 +325,7 @@ class RemotePool:
 
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
         """Block until an event arrives or ``timeout_s`` passes. [Unit: second]"""
+        self._in_poll = True
         self._events.wait(timeout_s)
         return self.collect(())
 

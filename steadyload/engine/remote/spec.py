@@ -75,6 +75,23 @@ class RemoteWorkers:
         """Whether the pool grows and shrinks (a range)."""
         return self.minimum != self.maximum
 
+    def actor_options(self, excluded_nodes: set[str]) -> dict[str, Any]:
+        """The actors' Ray options: placement as asked, no retry by Ray (steadyload re-runs
+        tasks itself), never on ``excluded_nodes`` (lost: Ray may place actors there until
+        its health check notices)."""
+        options: dict[str, Any] = dict(
+            num_cpus=self.num_cpus, max_restarts=0, max_task_retries=0,
+            scheduling_strategy=self.scheduling_strategy,
+        )  # fmt: skip
+        for key in ("resources", "memory", "label_selector", "runtime_env"):
+            if getattr(self, key) is not None:
+                options[key] = getattr(self, key)
+        if excluded_nodes:
+            labels = dict(self.label_selector or {})
+            labels["ray.io/node-id"] = f"!in({', '.join(sorted(excluded_nodes))})"
+            options["label_selector"] = labels
+        return options
+
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
