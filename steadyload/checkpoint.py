@@ -19,16 +19,20 @@ same ``num_workers``. See docs/design/resume.md.
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.utils.data as tud
 
+from . import shards
 from .engine.fetch import ITERABLE, restore_replica
 from .engine.remote.spec import all_workers
 from .epoch_order import (
+    GLOBAL,
     EpochStart,
     Indices,
     YieldedBatches,
@@ -42,6 +46,7 @@ from .epoch_order import (
 )
 from .progress import EpochProgress, fail, persistent, replica_positions, saved_positions
 
+_LOG = logging.getLogger(__name__)
 STATE_FORMAT = "steadyload.DataLoader"
 STATE_VERSION = 2  # 2: JSON-able (generator states as text, stream positions as objects)
 
@@ -95,6 +100,9 @@ class Checkpoints:
         self._caller_rng: tuple[torch.Generator | None, torch.Tensor] | None = None
         self._current: EpochProgress | None = None  # the latest epoch, even once its
         # iterator is dropped (a loop that broke out): torchdata's StatefulDataLoader keeps it
+        self.consumed: Callable[[], Mark | None] | None = None
+        """Where the loop consuming this loader stands, when a wrapper reads ahead of it
+        (accelerate's shard takes one batch early): set by the integration that knows."""
 
     # -- called by the iterators ---------------------------------------------------------
     def begin_epoch(self, loader: tud.DataLoader[Any], it: Any) -> EpochProgress:
@@ -105,6 +113,13 @@ class Checkpoints:
         ``_num_yielded``); its sampler iterator is wrapped to number the batches.
         """
         pending, self._pending = self._pending, None
+        if pending is None and self._left_redealt():
+            # A framework that counts the resumed epoch in the new world size's len() may
+            # start its next epoch before the rest was delivered: the rest comes first.
+            pending = self.save(loader, at=self.consumed() if self.consumed else None)
+            _LOG.info("steadyload: the re-dealt epoch %d was left with batches to go: this "
+                      "iterator delivers them first (a re-dealt epoch ends at its end)",
+                      pending["epoch"])  # fmt: skip
         skip, self._skip = self._skip, 0
         self._apply_base_seed(it, pending)
         if pending is not None and not pending["finished"]:
@@ -132,6 +147,11 @@ class Checkpoints:
         it._sampler_iter.prime()
         self._current = progress
         return progress
+
+    def _left_redealt(self) -> bool:
+        """Whether the latest epoch is an elastic resume's re-dealt rest, not run to its end."""
+        current, start = self._current, self._start
+        return current is not None and not current.finished and start is not None and start.redealt
 
     def before_iterator(self, loader: tud.DataLoader[Any]) -> None:
         """Called before torch's iterator draws its base seed (from ``generator=``, else the
@@ -276,6 +296,7 @@ class Checkpoints:
             "rng": {},
             "samplers": {},
             "distributed_epoch": None,
+            "sharding": shards.describe(loader),
             "dataset_len": _dataset_len(loader),
             "batch_size": loader.batch_size,
             "drop_last": loader.drop_last,
@@ -290,6 +311,7 @@ class Checkpoints:
                 rng={k: encode_rng(v) for k, v in start.rng.items()},
                 samplers=copy.deepcopy(start.samplers),
                 distributed_epoch=None if at.finished else start.distributed_epoch,
+                sharding=copy.deepcopy(start.sharding),
             )
         return state
 
@@ -342,6 +364,10 @@ class Checkpoints:
                 "setting (and num_workers > 0 with it) to continue identically.",
                 UserWarning, stacklevel=3,
             )
+        refused = (shards.refusal(state, shards.of(loader, state["sharding"]))
+                   if "sharding" in state else None)  # fmt: skip
+        if refused is not None:  # (absent from states saved before elastic resume)
+            raise fail(*refused)
         reason = not_replayable(loader, state["samplers"])
         if reason is not None and not state["finished"]:
             raise fail("steadyload cannot resume this DataLoader mid-epoch: " + reason + ".",
@@ -349,3 +375,11 @@ class Checkpoints:
         self.epoch = state["epoch"]
         self._pending = copy.deepcopy(state)
         self._skip = 0  # the loaded position supersedes a requested skip
+        saved = state.get("sharding")
+        mine = shards.of(loader, saved)
+        if saved is not None and mine is not None and saved["rank"] != mine["rank"]:
+            # Another rank's state (a framework keeps rank 0's; a resume on more ranks):
+            # its base seed and torch's global generator are that rank's, and taking them
+            # would make this rank's workers and random draws repeat that rank's.
+            self._pending["base_seed"] = None
+            self._pending["rng"].pop(GLOBAL, None)

@@ -22,6 +22,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data.distributed import DistributedSampler
 
+from . import shards
 from .engine.fetch import ITERABLE, stateful
 
 GLOBAL = "torch.global"  # key of torch's default CPU generator in the saved RNG states
@@ -171,7 +172,7 @@ def set_generators(
     for path, gen in _generators(loader).items():
         if path in states:
             gen.set_state(_decode_rng(states[path]))
-    if include_global:
+    if include_global and GLOBAL in states:  # (absent: another rank's, see Checkpoints.load)
         torch.set_rng_state(_decode_rng(states[GLOBAL]))
 
 
@@ -192,6 +193,23 @@ class EpochStart:
     samplers: dict[str, Any]
     """A stateful sampler's ``state_dict()`` at the start of the epoch, by path."""
     distributed_epoch: int | None
+    """The epoch of the sampler that takes one (`set_epoch`): torch's DistributedSampler,
+    accelerate's SeedableRandomSampler."""
+    sharding: dict[str, Any] | None = None
+    """How the epoch is dealt to ranks (`shards.describe`), with where its dealing began."""
+    redealt: bool = False
+    """The rest of an epoch saved on another number of ranks, dealt again (`shards`)."""
+
+
+def _epoch_holder(loader: tud.DataLoader[Any]) -> Any:
+    """The sampler whose order follows from an epoch the training loop sets (`set_epoch`):
+    the outermost in the chain with one, or None. A resume on another number of processes
+    may find it at another depth (accelerate wraps it in a BatchSamplerShard)."""
+    for _, obj in _chain(loader):
+        epoch = getattr(obj, "epoch", None)
+        if callable(getattr(obj, "set_epoch", None)) and isinstance(epoch, int):
+            return obj
+    return None
 
 
 def capture(
@@ -206,13 +224,14 @@ def capture(
             break
     if held is not None:
         samplers[held[0] + ITERATOR] = copy.deepcopy(held[1].state_dict())
-    sampler = loader.sampler
+    holder = _epoch_holder(loader)
     return EpochStart(
         epoch=epoch,
         base_seed=base_seed,
         rng=rng_states(loader),
         samplers=samplers,
-        distributed_epoch=sampler.epoch if isinstance(sampler, DistributedSampler) else None,
+        distributed_epoch=holder.epoch if holder is not None else None,
+        sharding=shards.describe(loader),
     )
 
 
@@ -298,12 +317,27 @@ def replay(
     item while torch's global generator holds the saved state (a RandomSampler without
     ``generator`` draws its permutation then), and gives the caller's global state back.
     Returns the epoch start, the indices to load and what was yielded.
+
+    Saved on another number of ranks (or in an epoch that was re-dealt so), the rest of the
+    epoch is dealt again to this loader's ranks (`shards`): a new dealing, none of it
+    yielded yet.
     """
     caller_rng = torch.get_rng_state()
     set_generators(loader, state["rng"], include_global=True)
     load_samplers(loader, state["samplers"])
-    if state["distributed_epoch"] is not None and isinstance(loader.sampler, DistributedSampler):
-        loader.sampler.set_epoch(state["distributed_epoch"])
+    holder = _epoch_holder(loader)
+    if state["distributed_epoch"] is not None and holder is not None:
+        holder.set_epoch(state["distributed_epoch"])
+    saved = state.get("sharding")
+    now = shards.of(loader, saved)
+    if saved is not None and now is not None and shards.elastic(saved, now):
+        first = shards.consumed(saved, state["batches_yielded"])
+        start = capture(loader, state["epoch"], base_seed, None)
+        start.sharding, start.redealt = shards.of(loader, saved, offset=first), True
+        indices = Indices(shards.rest_batches(loader, first, now, state["distributed_epoch"]))
+        indices.prime()
+        torch.set_rng_state(caller_rng)
+        return start, indices, YieldedBatches()
     source, held = sampler_iterator(loader, index_sampler, iter(index_sampler))
     if held is not None and held[0] + ITERATOR in state["samplers"]:
         held[1].load_state_dict(copy.deepcopy(state["samplers"][held[0] + ITERATOR]))

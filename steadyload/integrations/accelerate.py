@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .. import rebuild_watch
+from .. import rebuild_watch, shards
 from ..loader import DataLoader
 from ..options import check_option_names, options_of
 
@@ -191,9 +191,14 @@ def _install_state_hooks(shard: Any) -> None:
             me.iteration = next_iteration
         _update_state_dict()
 
+    def consumed() -> Any:
+        me = ref()
+        return me.__dict__[_MARK][0] if me is not None else None
+
     shard._update_state_dict = _update_state_dict
     shard.state_dict = state_dict
     shard.load_state_dict = load_state_dict
+    shard.base_dataloader._checkpoints.consumed = consumed  # it reads one batch ahead
     _update_state_dict()
 
 
@@ -302,27 +307,31 @@ def _save_states(accelerator: Any, output_dir: str) -> None:
         torch.save(state, os.path.join(output_dir, name))
 
 
+def rank_state(folder: str, pattern: str, rank: int) -> str | None:
+    """The state file ``rank`` saved in ``folder`` (``pattern`` with ``{rank}``) or, when it
+    saved none (the run resumes on more ranks than saved it), the lowest rank's; None when
+    there is none. Any rank's state serves every rank: data-parallel ranks take their
+    batches in lockstep, and the state says how the epoch was dealt to ranks (shards.py)."""
+    path = os.path.join(folder, pattern.format(rank=rank))
+    if os.path.isfile(path):
+        return path
+    head, _, tail = pattern.partition("{rank}")
+    ranks = [n[len(head):len(n) - len(tail)] for n in os.listdir(folder)
+             if n.startswith(head) and n.endswith(tail)]  # fmt: skip
+    saved = sorted(int(r) for r in ranks if r.isdigit())
+    return os.path.join(folder, pattern.format(rank=saved[0])) if saved else None
+
+
 def _load_states(accelerator: Any, input_dir: str) -> None:
-    """Load hook: give each adopted loader the state this rank saved for it."""
+    """Load hook: give each adopted loader the state this rank saved for it (or, on more
+    ranks than saved it, the lowest rank's: `rank_state`)."""
     if accelerator is None:
         return
     for index, loader in enumerate(_PREPARED.get(accelerator, ())):
-        name = STATE_FILE.format(index=index, rank=accelerator.process_index)
-        path = os.path.join(input_dir, name)
-        if os.path.exists(path):
+        pattern = STATE_FILE.replace("{index}", str(index))
+        path = rank_state(input_dir, pattern, accelerator.process_index)
+        if path is not None:
             loader.load_state_dict(torch.load(path, weights_only=True))
-            continue
-        prefix = STATE_FILE.format(index=index, rank="")
-        others = sorted(n for n in os.listdir(input_dir) if n.startswith(prefix))
-        if others:
-            warnings.warn(
-                f"steadyload: {input_dir} has no state of loader {index} for rank "
-                f"{accelerator.process_index} (it has {', '.join(others)}): that loader starts "
-                "its epoch from the beginning. Resume with the number of processes that saved "
-                "the checkpoint to continue exactly.",
-                UserWarning,
-                stacklevel=4,
-            )
 
 
 def skip_first_batches(loader: Any, num_batches: int = 0) -> Any:
@@ -347,6 +356,9 @@ def skip_first_batches(loader: Any, num_batches: int = 0) -> Any:
     if base is None:
         return adl.skip_first_batches(loader, num_batches)
     pending = base._checkpoints.pending
+    saved = pending.get("sharding") if pending is not None else None
+    if saved is not None and shards.elastic(saved, shards.of(base, saved)):
+        return loader  # saved on another number of ranks: the caller's count is theirs
     if pending is not None:
         at = 0 if pending["finished"] else pending["batches_yielded"]
         if at != num_batches:

@@ -25,7 +25,7 @@ import torch
 
 from ..options import check_option_names
 from ..report import LoaderReport
-from .accelerate import adopt, skip_first_batches, steadyload_base
+from .accelerate import adopt, rank_state, skip_first_batches, steadyload_base
 
 # transformers ships type information for all of itself: imported by name, mypy would
 # analyse the whole library on every cold run of `mypy steadyload` (~30 s here), so the
@@ -117,20 +117,9 @@ class _LoaderState(_transformers.TrainerCallback):
         self._final = None
         if self.resume_from is None or steadyload_base(loader) is None or args.ignore_data_skip:
             return  # (ignore_data_skip: the Trainer restarts the epoch; so does the loader)
-        path = os.path.join(self.resume_from, STATE_FILE.format(rank=args.process_index))
-        if os.path.isfile(path):
+        path = rank_state(self.resume_from, STATE_FILE, args.process_index)
+        if path is not None:  # (on more ranks than saved it: the lowest rank's serves)
             loader.load_state_dict(torch.load(path, weights_only=True))
-            return
-        others = sorted(n for n in os.listdir(self.resume_from)
-                        if n.startswith(STATE_FILE.format(rank="")))
-        if others:
-            self._warn_once(
-                f"{self.resume_from} holds loader states for other ranks ({', '.join(others)}) "
-                f"but none for rank {args.process_index}: its loader skips the resumed epoch's "
-                "first batches by index instead, and its workers' random draws will differ "
-                "from the interrupted run. Resume with the number of processes that saved it "
-                "to continue exactly."
-            )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._final = self.report()

@@ -7,7 +7,9 @@ each with a new Trainer, and a loader built inside ``train_dataloader()``, where
 does not exist yet when Lightning patches DataLoader subclasses for the hook, the case that
 used to crash with "got multiple values for argument 'sampler'". Lightning rebuilds the
 loader to inject a DistributedSampler. The second fit SIGKILLs worker 0 of each rank's
-loader after its 2nd batch. Each rank writes OUT/rank<r>.json.
+loader after its 2nd batch. A third fit saves a checkpoint after batch PART (every rank's
+3rd) and stops: tests/frameworks/test_lightning.py resumes it on one device (elastic
+resume, 2 processes -> 1). Each rank writes OUT/rank<r>.json.
 
 strategy="ddp" re-runs this module for rank 1 (LOCAL_RANK=1); "ddp_spawn" imports it in
 spawned children as __mp_main__ instead.
@@ -29,7 +31,7 @@ import torch
 import steadyload as sl  # the class itself is created on first use, in the hook
 from tests.frameworks.samples import PidSquares, forkserver_pid
 
-N, BATCH, KILL_AFTER = 64, 4, 1
+N, BATCH, KILL_AFTER, PART = 64, 4, 1, 2
 OPTIONS: dict[str, Any] = {"on_error": "skip", "max_restarts": 7, "hang_timeout": 60.0,
                            "sample_seeds": True}  # fmt: skip
 _LAZY: list[bool] = []  # whether steadyload.loader was not yet imported at the first hook
@@ -60,6 +62,12 @@ class Model(L.LightningModule):
         if self.run == "killed" and batch_idx == KILL_AFTER:
             pid = self.trainer.train_dataloader.report().workers[0].pid
             os.kill(pid, signal.SIGKILL)
+        self._save_part_and_stop(batch_idx)
+
+    def _save_part_and_stop(self, batch_idx: int) -> None:
+        if self.run == "part" and batch_idx == PART:
+            self.trainer.save_checkpoint(Path(self.out, "part.ckpt"))  # rank 0 writes it
+            self.trainer.should_stop = True  # the job ends here, mid-epoch
 
     def on_train_end(self) -> None:  # in every rank, under ddp_spawn too
         loader = self.trainer.train_dataloader
@@ -85,8 +93,8 @@ class Model(L.LightningModule):
 
 def _merge(out: Path, rank: int) -> None:
     runs = {run: json.loads((out / f"rank{rank}-{run}.json").read_text())
-            for run in ("clean", "killed")}  # fmt: skip
-    merged = {"clean": runs["clean"], "killed": runs["killed"],
+            for run in ("clean", "killed", "part")}  # fmt: skip
+    merged = {"clean": runs["clean"], "killed": runs["killed"], "part": runs["part"],
               "forkserver_pid": runs["clean"]["forkserver_pid"], "lazy": runs["clean"]["lazy"]}
     (out / f"rank{rank}.json").write_text(json.dumps(merged))
 
@@ -98,7 +106,7 @@ def main() -> None:
     strategy = sys.argv[2] if len(sys.argv) > 2 else "ddp"
     out.mkdir(parents=True, exist_ok=True)
     rank = None
-    for run in ("clean", "killed"):
+    for run in ("clean", "killed", "part"):
         trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=1,
                             logger=False, enable_progress_bar=False, enable_checkpointing=False,
                             enable_model_summary=False)  # fmt: skip

@@ -190,3 +190,18 @@ def test_ddp_two_processes_inject_the_sampler_keep_steadyload_and_heal(tmp_path:
         assert (worker_id, cause) == (0, "killed by SIGKILL")
         shards.append({i for b in info["clean"]["batches"] for i in b})
     assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(job.N))
+    # Elastic resume: the 2-process run's mid-epoch checkpoint (rank 0's loader state)
+    # goes on with one device; over both runs every sample of the epoch once, in the
+    # order the 2 ranks' DistributedSampler dealt.
+    part = [info["part"]["batches"] for info in ranks]
+    assert [len(p) for p in part] == [job.PART + 1] * 2
+    model = job.Model("rest", str(tmp_path))
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
+                        enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False)  # fmt: skip
+    trainer.fit(model, ckpt_path=tmp_path / "part.ckpt")
+    taken = [i for b in part[0] + part[1] for i in b]
+    rest = [i for b in model.batches for i in b]
+    assert sorted(taken + rest) == list(range(job.N))
+    order = torch.randperm(job.N, generator=torch.Generator().manual_seed(0)).tolist()
+    assert rest == order[len(taken):]  # the rest of the permutation, in its order

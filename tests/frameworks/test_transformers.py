@@ -199,3 +199,12 @@ def test_two_processes_shard_heal_a_killed_worker_and_resume_exactly(tmp_path: P
     epoch0 = [i for r in (0, 1) for b in _indices(ranks[r]["A"]["batches"][:per_epoch])
               for i in b]
     assert sorted(epoch0) == list(range(N))  # the ranks split the epoch
+    # Elastic resume: B1's checkpoint (2 processes, mid-epoch 1) in one process goes on
+    # with the rest of that epoch, every sample of it once over both runs.
+    one = _job(tmp_path, "B4")[0]["B4"]
+    per_epoch, save_at = ranks[0]["A"]["steps_per_epoch"], ranks[0]["A"]["save_at"]
+    done = [i for r in (0, 1) for b in _indices(ranks[r]["A"]["batches"][per_epoch:save_at])
+            for i in b]
+    rest = [i for b in _indices(one["batches"][: (N - len(done)) // BATCH]) for i in b]
+    assert sorted(done + rest) == list(range(N))
+    assert one["warnings"] == [] and one["restarts"] == []

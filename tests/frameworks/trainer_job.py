@@ -12,6 +12,8 @@ parent pid), the restarts, what the loader was built with, and any steadyload wa
 - ``B1``: as A, with a worker SIGKILLed after step KILL_STEP (on rank 1 when distributed)
   and a checkpoint at step SAVE_AT, mid-epoch; ``B2`` resumes from that checkpoint.
 - ``B3``: resumes B1's checkpoint without the loader state file (skipping by index).
+- ``B4``: in one process, resumes the checkpoint B1 wrote with 2 processes (elastic
+  resume: the rest of that epoch, dealt to one rank).
 - ``U1``/``U2``: the same pair (no kill) for a Trainer subclass with the mixin whose own
   ``get_train_dataloader`` returns a steadyload loader; ``W`` resumes U1's checkpoint with
   the subclass *without* the mixin; ``U3`` resumes it without the loader state file.
@@ -167,7 +169,10 @@ def trainer_run(out: Path, run: str) -> dict[str, Any]:
     resume = None
     if run in ("B2", "B3", "U2", "U3", "W", "R2"):
         resume = str(out / run[0].replace("W", "U") / f"checkpoint-{SAVE_AT}")
-    if run in ("B3", "U3"):  # resume by index, without the loader's state
+    if run == "B4":  # B1's checkpoint from 2 processes: its SAVE_AT
+        resume = str(out / "B" / f"checkpoint-{N // BATCH // 2 + 2}")
+    if run in ("B3", "U3"):  # resume by index, without the loader's state (in a copy)
+        resume = str(shutil.copytree(resume, out / f"{run}-checkpoint", dirs_exist_ok=True))
         for name in os.listdir(resume):
             if name.startswith("steadyload_loader"):
                 os.remove(os.path.join(resume, name))

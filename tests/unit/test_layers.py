@@ -29,6 +29,7 @@ LAYERS = [
     "steadyload.checkpoint",
     "steadyload.progress",
     "steadyload.epoch_order",
+    "steadyload.shards",
     "steadyload.engine",
     "steadyload.start",
     "steadyload.memory",
