@@ -89,3 +89,10 @@ class Counted(Augmented):
     def __getstate__(self) -> dict[str, Any]:
         type(self).pickled += 1
         return dict(self.__dict__)
+
+
+def unsendable(batch: Any) -> Any:
+    """A collate_fn whose batch no pickler can send (a lock)."""
+    import threading
+
+    return threading.Lock()

@@ -29,13 +29,15 @@ class RemoteScaling:
 
     def __init__(
         self, spec: RemoteWorkers, first_id: int, table: TaskTable, record: RunRecord,
-        *, iterable: bool,
+        *, fixed_workers: bool,
     ) -> None:  # fmt: skip
-        if iterable:
+        if fixed_workers:  # a stream, or a dataset with its own state per worker
             raise ValueError(
-                f"remote_workers={spec.count} (a range) needs a map-style dataset.\n"
+                f"remote_workers={spec.count} (a range) needs a map-style dataset without "
+                "state_dict() of its own.\n"
                 "Why: an IterableDataset is split between workers by their number "
-                "(get_worker_info().num_workers), so workers cannot come and go mid-epoch.\n"
+                "(get_worker_info().num_workers), and a dataset's own state is kept per "
+                "worker, so workers cannot come and go mid-epoch.\n"
                 f"Fix: a fixed count, remote_workers={spec.maximum}."
             )
         if first_id == 0 and spec.minimum == 0:

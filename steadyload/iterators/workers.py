@@ -108,7 +108,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         remote = options.remote
         self._scaling = None if remote is None or not remote.scales else RemoteScaling(
             remote, loader.num_workers, self._table, self.record,
-            iterable=self._dataset_kind == ITERABLE)  # fmt: skip
+            fixed_workers=self._dataset_kind == ITERABLE or stateful(self._dataset))  # fmt: skip
         self._parked = self._scaling.parked if self._scaling else set()  # ids without actors
         self._recovery = Recovery(
             self._table, options, self.record, stream=self._dataset_kind == ITERABLE,

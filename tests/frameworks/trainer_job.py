@@ -172,7 +172,8 @@ def trainer_run(out: Path, run: str) -> dict[str, Any]:
     if run == "B4":  # B1's checkpoint from 2 processes: its SAVE_AT
         resume = str(out / "B" / f"checkpoint-{N // BATCH // 2 + 2}")
     if run in ("B3", "U3"):  # resume by index, without the loader's state (in a copy)
-        resume = str(shutil.copytree(resume, out / f"{run}-checkpoint", dirs_exist_ok=True))
+        copy = out / f"{run}-checkpoint-rank{os.environ.get('RANK', '0')}"  # each rank its own
+        resume = str(shutil.copytree(resume, copy, dirs_exist_ok=True))
         for name in os.listdir(resume):
             if name.startswith("steadyload_loader"):
                 os.remove(os.path.join(resume, name))

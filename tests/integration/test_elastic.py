@@ -83,14 +83,18 @@ def test_torchrun_elastic_resumes_on_fewer_ranks_after_a_node_is_lost(tmp_path: 
     5 steps; node 1's agent restarts its rank on a world of one, which resumes from the last
     checkpoint: over the whole run every sample of each epoch once."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc_per_node=1",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic",
-           "--rdzv-conf=last_call_timeout=1,join_timeout=60", "--max-restarts=2",
-           "--monitor-interval=0.2", "-m", "tests.elastic_job", str(tmp_path),
-           "--lose-node-at", "5"]  # fmt: skip
+    def agent(hosts_the_store: bool) -> list[str]:  # the lost node must not be the host
+        conf = f"last_call_timeout=1,join_timeout=60,is_host={str(hosts_the_store).lower()}"
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2",
+                "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=elastic", f"--rdzv-conf={conf}", "--max-restarts=2",
+                "--monitor-interval=0.2", "-m", "tests.elastic_job", str(tmp_path),
+                "--lose-node-at", "5"]  # fmt: skip
+
     log = [open(tmp_path / f"agent{i}.log", "w") for i in (1, 2)]
-    agents = [subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=f, stderr=subprocess.STDOUT,
-                               start_new_session=True) for f in log]  # fmt: skip
+    agents = [subprocess.Popen(agent(i == 0), cwd=ROOT, env=ENV, stdout=f,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+              for i, f in enumerate(log)]  # fmt: skip
     try:
         first = agents[0].wait(timeout=240)
         wait_until(lambda: agents[1].poll() is not None, 30, what="the lost node's agent")

@@ -27,7 +27,15 @@ import torch
 
 import steadyload as sl
 from tests.conftest import processes_gone, wait_until
-from tests.remote_datasets import Augmented, Big, Counted, Faulty, Sharded, WithResource
+from tests.remote_datasets import (
+    Augmented,
+    Big,
+    Counted,
+    Faulty,
+    Sharded,
+    WithResource,
+    unsendable,
+)
 
 ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[2]
@@ -277,6 +285,17 @@ def test_skip_names_the_remote_sample_and_its_exception(cluster: Ray) -> None:
                        (17, "builtins.ValueError", "corrupt sample 17")]  # fmt: skip
 
 
+def test_a_batch_ray_cannot_send_is_the_batchs_error_not_a_death(cluster: Ray) -> None:
+    loader = sl.DataLoader(Augmented(8), batch_size=2, remote_workers=1, collate_fn=unsendable)
+    it = iter(loader)
+    with pytest.raises(TypeError, match="pickle") as caught:  # as from a local worker
+        next(it)
+    died = isinstance(caught.value, sl.WorkerDiedError)
+    del it, caught  # (the traceback holds the iterator, and the iterator its actor)
+    assert not died
+    assert not loader.report().restarts  # the actor was fine: not replaced
+
+
 def test_the_dataset_is_shipped_once_not_once_per_task(cluster: Ray) -> None:
     Counted.pickled = 0
     got = list(sl.DataLoader(Counted(40), batch_size=2, remote_workers=2))  # 20 tasks
@@ -443,7 +462,10 @@ def test_a_range_grows_while_the_loop_waits_and_shrinks_when_batches_pile_up(
     assert _indices(got) == list(range(2 * len(got)))  # order kept through both changes
     decisions = loader.report().scaling
     assert [d.change for d in decisions] == [1, -1], decisions
-    assert decisions[0].stall_share > 0.1 and decisions[1].stall_share < 0.02
+    # Why it shrank depends on this machine's speed (batches piling up, or the added
+    # worker not helping on a busy machine): the rule's reasons are unit-tested with
+    # injected figures (tests/unit/test_remote_scaling.py).
+    assert decisions[0].stall_share > 0.1
     assert "remote pool: grew to 2" in str(loader.report())
 
 
@@ -454,6 +476,16 @@ def test_a_range_needs_a_map_style_dataset() -> None:
 
     with pytest.raises(ValueError, match="needs a map-style dataset"):
         iter(sl.DataLoader(Stream(), remote_workers=(1, 2)))
+
+    class Positioned(Augmented):  # its own state, kept per worker
+        def state_dict(self) -> dict[str, Any]:
+            return {}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            pass
+
+    with pytest.raises(ValueError, match="without state_dict"):
+        iter(sl.DataLoader(Positioned(8), remote_workers=(1, 2)))
 
 
 def test_accelerate_keeps_remote_workers_and_resumes_with_another_placement(

@@ -13,6 +13,8 @@ import dataclasses
 from typing import Any
 
 from ...errors import WorkerDiedError
+from ..loop import failed_outcome
+from ..protocol import Failed
 
 _LOGS = "Ray's logs on that node (/tmp/ray/session_latest/logs/, worker-*-{pid}.err and raylet.out)"
 
@@ -88,6 +90,17 @@ def node_state(ray: Any, node_id: str) -> tuple[bool | None, str]:
 def _first_lines(text: str, n: int = 3) -> str:
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return " ".join(lines[:n])
+
+
+def task_failed(ray: Any, exc: BaseException, task_id: int) -> Failed | None:
+    """The task's `Failed` when its call raised in an actor that is still alive (Ray could
+    not serialize the batch it returned, for one), or None: the actor, its node or the
+    result is gone (a death, for `classify`)."""
+    errors = ray.exceptions
+    if not isinstance(exc, errors.RayTaskError) or isinstance(exc, errors.RayActorError):
+        return None
+    cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else exc
+    return failed_outcome(task_id, cause, "while Ray sent the batch to the main process")
 
 
 def classify(

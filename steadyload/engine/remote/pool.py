@@ -26,7 +26,6 @@ checkpoints and the report are the iterator's, as for processes and threads:
 from __future__ import annotations
 
 import collections
-import logging
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -44,7 +43,6 @@ from .actor import CONTROL, RemoteWorker
 from .records import RemoteView, _Actor, dumps_config
 from .spec import RemoteWorkers, connect, import_ray
 
-_LOG = logging.getLogger(__name__)
 _READY = -1  # the collector's marker for the actor's `ready` call
 
 
@@ -178,10 +176,13 @@ class RemotePool:
                 sharing.await_placement(self._ray, self._spec, a, ref, self)
             try:
                 result = ray.get(ref)
-            except BaseException as exc:
-                if not a.gone:
-                    self._on_failure(a, task_id, exc)
-                return
+            except BaseException as exc:  # the actor is gone, or (alive) the call raised
+                failed = causes.task_failed(ray, exc, task_id) if task_id != _READY else None
+                if failed is None:
+                    if not a.gone:
+                        self._on_failure(a, task_id, exc)
+                    return
+                result = (failed, None, ())
             finally:
                 del ref
             if task_id == _READY:
@@ -264,12 +265,8 @@ class RemotePool:
     def _send(self, worker_id: int, msg: object, task_id: int | None = None) -> None:
         with self._lock:  # give_back cannot take the actor between the check and the call
             self._polled = time.monotonic()
-            if self._released:  # the iterator is in use again (sharing.py)
-                ids = sorted(self._released)
-                self._released.clear()
-                _LOG.info("remote workers %s start again: their iterator is in use again", ids)
-                for w in ids:
-                    self._spawn(w)  # same generation: the results fetched before still count
+            for w in sharing.take_back(self._released):  # in use again: the same generation,
+                self._spawn(w)  # so the results fetched before still count
             a = self._actors.get(worker_id)
             if a is None or a.gone:
                 return

@@ -62,6 +62,15 @@ def give_back_idle(asking: object) -> list[int]:
     return ids
 
 
+def take_back(released: set[int]) -> list[int]:
+    """The worker ids a pool gave back, now that its iterator is in use again (emptied)."""
+    ids = sorted(released)
+    released.clear()
+    if ids:
+        _LOG.info("remote workers %s start again: their iterator is in use again", ids)
+    return ids
+
+
 def unplaced(ray: Any, handle: Any) -> bool:
     """Whether Ray has not placed the actor yet: it waits for resources (no process), as
     opposed to starting on a node (its ``__init__`` importing torch can take seconds)."""
