@@ -65,6 +65,23 @@ def describe(loader: tud.DataLoader[Any], offset: int = 0) -> dict[str, Any] | N
             "order": {"split_batches": shard.split_batches, "even_batches": shard.even_batches,
                       "drop_last": shard.drop_last},
         }  # fmt: skip
+    buried = _buried(shard if shard is not None else loader.sampler)
+    if buried is not None:  # inside a custom batch sampler: recorded, never dealt again
+        return {
+            "kind": DISTRIBUTED, "replicas": buried.num_replicas, "rank": buried.rank,
+            "offset": offset, "per_batch": None, "exact": False,
+            "order": {"seed": buried.seed, "shuffle": buried.shuffle,
+                      "drop_last": buried.drop_last},
+        }  # fmt: skip
+    return None
+
+
+def _buried(obj: Any) -> Any:
+    """A DistributedSampler somewhere inside a custom batch sampler (or None)."""
+    for _ in range(4):
+        obj = getattr(obj, "batch_sampler", None) or getattr(obj, "sampler", None)
+        if isinstance(obj, DistributedSampler):
+            return obj
     return None
 
 
@@ -81,7 +98,7 @@ def of(
         or type(index) is tud.BatchSampler)  # fmt: skip
     if one:
         assert saved is not None
-        return {**saved, "replicas": 1, "rank": 0, "offset": offset, "exact": True}
+        return {**saved, "replicas": 1, "rank": 0, "offset": offset}
     return now
 
 
@@ -127,13 +144,15 @@ def refusal(state: dict[str, Any], now: dict[str, Any] | None) -> tuple[str, str
     if state["finished"] or saved is None or now is None or not elastic(saved, now):
         return None
     moved = f"saved on {saved['replicas']} ranks, resumed on {now['replicas']}"
-    if not now["exact"]:
+    if not (now["exact"] and saved["exact"]):
         return (
-            (f"this loader state was {moved}, and the loader's sampler is a subclass of "
-            "DistributedSampler."),
-            ("steadyload deals the rest of an epoch again as torch's DistributedSampler deals; "
-            "a subclass may order or deal its samples otherwise."),
-            "resume on the same number of ranks, or use torch's DistributedSampler itself.",
+            (f"this loader state was {moved}, and the loader's DistributedSampler is a "
+            "subclass of it or sits inside a custom batch sampler."),
+            ("steadyload deals the rest of an epoch again as torch's DistributedSampler deals, "
+            "batched by torch's BatchSampler; a subclass or another batch sampler may order, "
+            "deal or batch the samples otherwise."),
+            ("resume on the same number of ranks, or use torch's DistributedSampler with "
+            "batch_size= (or accelerate's sharding)."),
         )
     if state["yielded_beyond"]:
         return (

@@ -171,7 +171,7 @@ def test_a_subclass_resumes_only_on_the_same_number_of_ranks() -> None:
     next(it)
     state = saving.state_dict()
     loader(2).load_state_dict(state)
-    with pytest.raises(ValueError, match="subclass of DistributedSampler"):
+    with pytest.raises(ValueError, match="DistributedSampler is a subclass of it"):
         loader(3).load_state_dict(state)
 
 
@@ -282,3 +282,65 @@ def test_a_rank_without_a_state_file_of_its_own_gets_the_lowest_ranks(tmp_path: 
     (tmp_path / "steadyload_loader_1_rank0.pt").write_bytes(b"")  # another loader's
     assert rank_state(str(tmp_path), pattern, 1) == str(tmp_path / pattern.format(rank=1))
     assert rank_state(str(tmp_path), pattern, 3) == str(tmp_path / pattern.format(rank=0))
+
+
+def test_without_shuffling_the_rest_is_the_dataset_in_order() -> None:
+    n = 40
+    _, state = _run(n, 4, steps=1, shuffle=False)  # 16 consumed: samples 0..15
+    rest = [_flat(list(loader)) for loader in _resume(n, 3, state, shuffle=False)]
+    assert _interleave(rest) == list(range(16, 40))  # 24 to 3 ranks
+
+
+class Flaky(Ids):
+    def __getitem__(self, i: int) -> int:
+        if i % 7 == 3:
+            raise ValueError(f"sample {i} is corrupt")
+        return i
+
+
+def test_skipped_samples_do_not_shift_what_counts_as_consumed() -> None:
+    n = 48
+    def loader(ranks: int, rank: int) -> sl.DataLoader[Any]:
+        sampler = DistributedSampler(Flaky(n), num_replicas=ranks, rank=rank, seed=3)
+        return sl.DataLoader(Flaky(n), batch_size=4, sampler=sampler, on_error="skip")
+
+    saving = [loader(4, r) for r in range(4)]
+    for it in [iter(x) for x in saving]:
+        next(it)  # batches with corrupt samples left out: still one index batch each
+    state = saving[0].state_dict()
+    resumed = [loader(2, r) for r in range(2)]
+    for x in resumed:
+        x.load_state_dict(state)
+    rest = [_flat(list(x)) for x in resumed]
+    left = _order(n)[16:]  # 4 index batches were consumed, whatever was left out of them
+    assert rest == [[i for i in left[r::2] if i % 7 != 3] for r in range(2)]
+
+
+def test_a_distributed_sampler_inside_a_custom_batch_sampler_stays_on_its_ranks() -> None:
+    class Pairs(torch.utils.data.Sampler[list[int]]):
+        def __init__(self, sampler: DistributedSampler[int]) -> None:
+            self.sampler = sampler
+
+        def __iter__(self) -> Any:
+            it = iter(self.sampler)
+            return iter(lambda: [next(it), next(it)], None)
+
+        def __len__(self) -> int:
+            return len(self.sampler) // 2
+
+        def state_dict(self) -> dict[str, Any]:
+            return {}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            pass
+
+    def loader(ranks: int) -> sl.DataLoader[Any]:
+        inner = DistributedSampler(Ids(24), num_replicas=ranks, rank=0)
+        return sl.DataLoader(Ids(24), batch_sampler=Pairs(inner))
+
+    saving = loader(2)
+    next(iter(saving))
+    state = saving.state_dict()
+    loader(2).load_state_dict(state)  # the same number of ranks: as before
+    with pytest.raises(ValueError, match="sits inside a custom batch sampler"):
+        loader(3).load_state_dict(state)
