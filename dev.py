@@ -32,8 +32,7 @@ def ensure_venv() -> None:
     digest = hashlib.sha256(inputs).hexdigest()
     if STAMP.exists() and STAMP.read_text() == digest:
         return
-    # --no-compile: bytecode is written on first import, for the modules imported only
-    pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-compile"]
+    pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     print("installing pinned dependencies (torch==2.13.0 CPU build first)", flush=True)
     # torch first and alone, pinned, so nothing can pull an unpinned (CUDA) build.
     subprocess.run([*pip, "torch==2.13.0"], check=True)
