@@ -24,6 +24,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from . import shards
 from .engine.fetch import ITERABLE, stateful
+from .shards import qualname
 
 GLOBAL = "torch.global"  # key of torch's default CPU generator in the saved RNG states
 
@@ -41,10 +42,6 @@ _KNOWN_WRAPPERS = frozenset({
     "accelerate.data_loader.SeedableRandomSampler",  # reseeds from initial_seed + epoch
 })
 _MAX_DEPTH = 4
-
-
-def _qualname(obj: Any) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def _chain(loader: tud.DataLoader[Any]) -> list[tuple[str, Any]]:
@@ -76,7 +73,7 @@ ITERATOR = ".__iter__"  # a sampler path + this: the state of that sampler's ite
 
 def _replayable(obj: Any) -> bool:
     return (
-        stateful(obj) or type(obj) in _REPLAYABLE or _qualname(obj) in _KNOWN_WRAPPERS
+        stateful(obj) or type(obj) in _REPLAYABLE or qualname(obj) in _KNOWN_WRAPPERS
         or isinstance(obj, (list, tuple, range))
     )  # fmt: skip
 
@@ -92,7 +89,7 @@ def not_replayable(loader: tud.DataLoader[Any], samplers: dict[str, Any]) -> str
         if _replayable(obj):
             continue
         return (
-            f"the loader's {path} is a {_qualname(obj)}, which is neither one of torch's "
+            f"the loader's {path} is a {qualname(obj)}, which is neither one of torch's "
             "samplers (whose order steadyload can replay from their random generator) nor "
             "has state_dict()/load_state_dict() (itself or the iterator it returns)"
         )

@@ -33,7 +33,8 @@ ACCELERATE = "accelerate.BatchSamplerShard"
 _SHARD = "accelerate.data_loader.BatchSamplerShard"
 
 
-def _qualname(obj: Any) -> str:
+def qualname(obj: Any) -> str:
+    """``module.Class`` of ``obj``'s type (how samplers are recognised by name)."""
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
@@ -58,7 +59,7 @@ def describe(loader: tud.DataLoader[Any], offset: int = 0) -> dict[str, Any] | N
                       "drop_last": sampler.drop_last},
         }  # fmt: skip
     shard: Any = batches if loader._auto_collation else None
-    if shard is not None and _qualname(shard) == _SHARD:
+    if shard is not None and qualname(shard) == _SHARD:
         return {
             "kind": ACCELERATE, "replicas": shard.num_processes, "rank": shard.process_index,
             "offset": offset, "per_batch": 1, "exact": True,
@@ -232,7 +233,7 @@ def rest_batches(
         batches: Any = loader.batch_sampler
         return iter(tud.BatchSampler(share, batches.batch_size, batches.drop_last))
     shard: Any = loader.batch_sampler
-    if _qualname(shard) != _SHARD:  # one process: its batch sampler is the batch order
+    if qualname(shard) != _SHARD:  # one process: its batch sampler is the batch order
         return iter(list(shard)[start:])
     inner = shard.batch_sampler
     rest = list(inner)[start:]
