@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -96,3 +97,26 @@ def unsendable(batch: Any) -> Any:
     import threading
 
     return threading.Lock()
+
+
+def hang_once_in_init(marker: str, worker_id: int) -> None:
+    """A worker_init_fn that hangs in worker 0 the first time (a marker file says it did)."""
+    if worker_id == 0 and not os.path.exists(marker):
+        Path(marker).write_text(str(os.getpid()))
+        time.sleep(600)  # the hang: hang_timeout kills the actor long before
+
+
+class Hungry(Augmented):
+    """Sample ``at`` takes ``gib`` GiB and holds it, once (a marker file says it did)."""
+
+    def __init__(self, n: int, at: int, gib: int, marker: str) -> None:
+        super().__init__(n)
+        self.at, self.gib, self.marker = at, gib, marker
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if i == self.at and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(os.getpid()))
+            held = np.ones(self.gib << 30, np.uint8)  # every page touched: resident
+            time.sleep(60)  # Ray's memory monitor kills the actor long before
+            del held
+        return super().__getitem__(i)

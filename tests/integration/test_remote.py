@@ -8,10 +8,12 @@ pytest process (``xdist_group``). Each test leaves no actor behind (`no_leaks`).
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -32,8 +34,10 @@ from tests.remote_datasets import (
     Big,
     Counted,
     Faulty,
+    Hungry,
     Sharded,
     WithResource,
+    hang_once_in_init,
     unsendable,
 )
 
@@ -222,6 +226,64 @@ def test_a_lost_node_is_one_event_and_its_workers_move(cluster: Ray, caplog: Any
                for w in loader.report().workers)  # fmt: skip
 
 
+def test_a_preempted_node_is_named_and_its_worker_moves(cluster: Ray) -> None:
+    """The autoscaler's preemption notice (a drain with that reason), then the node goes."""
+    from ray.core.generated import autoscaler_pb2
+
+    ds = Augmented(96, sleep_s=0.05)  # long enough for the node's processes to end
+    expected = list(sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(),
+                                  num_workers=2, sample_seeds=True))  # fmt: skip
+    loader = sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(), sample_seeds=True,
+                           remote_workers=sl.RemoteWorkers(2, num_cpus=0.5))  # fmt: skip
+    reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+    got = []
+    for i, batch in enumerate(it := iter(loader)):
+        got.append(batch)
+        if i == 2:
+            node = it._pool._actors[0].node_id
+            gcs = ray._raylet.GcsClient(address=cluster.cluster.address)
+            deadline_ms = int(time.time() * 1000) + 1000
+            assert gcs.drain_node(node, reason, "spot instance reclaimed", deadline_ms)[0]
+            cluster.remove(cluster.node_of(node))
+    assert _same(got, expected) and sorted(_indices(got)) == list(range(96))
+    (restart,) = loader.report().restarts
+    assert restart.worker_id == 0 and restart.cause == f"node {node[:12]} (127.0.0.1) preempted"
+
+
+def test_an_actor_killed_by_rays_memory_monitor_is_named_and_replaced(
+    cluster: Ray, tmp_path: Path,
+) -> None:  # fmt: skip
+    """A node whose memory monitor acts 3 GiB above what the machine uses now; a sample
+    takes 6 GiB there (once)."""
+    vm = psutil.virtual_memory()
+    threshold = (vm.total - vm.available + (3 << 30)) / vm.total
+    tight = {"RAY_memory_usage_threshold": f"{threshold:.4f}",
+             "RAY_memory_monitor_refresh_ms": "100"}  # fmt: skip
+    os.environ.update(tight)  # read by the node's raylet when it starts
+    try:
+        node = cluster.cluster.add_node(num_cpus=1, resources={"tight": 1},
+                                        object_store_memory=80 << 20)  # fmt: skip
+    finally:
+        for k in tight:
+            os.environ.pop(k)
+    try:
+        cluster.cluster.wait_for_nodes()
+        marker = tmp_path / "ate"
+        ds = Hungry(16, at=5, gib=6, marker=str(marker))
+        marker.touch()  # torch's batches, without the 6 GiB
+        expected = list(sl.DataLoader(ds, batch_size=2, generator=_gen(), num_workers=1,
+                                      sample_seeds=True))  # fmt: skip
+        marker.unlink()
+        loader = sl.DataLoader(ds, batch_size=2, generator=_gen(), sample_seeds=True,
+                               remote_workers=sl.RemoteWorkers(1, resources={"tight": 1}))  # fmt: skip
+        got = list(loader)
+        assert marker.exists() and _same(got, expected)
+        (restart,) = loader.report().restarts
+        assert restart.worker_id == 0 and restart.cause == "killed by Ray's memory monitor"
+    finally:
+        cluster.cluster.remove_node(node, allow_graceful=False)
+
+
 def test_a_lost_result_object_is_rerun(cluster: Ray, monkeypatch: Any) -> None:
     """A batch is done and sits in its node's object store; the node goes before this
     process fetched it. (The fetch is held back to reach that moment; the loss is real.)"""
@@ -273,6 +335,58 @@ def test_a_hung_remote_sample_is_killed_with_its_stack_and_rerun(cluster: Ray, t
     assert "hang_timeout=4.0" in restart.cause
     assert "Remote worker 0 (Ray actor" in caplog.text
     assert "remote_datasets.py" in caplog.text and "time.sleep(600)" in caplog.text
+
+
+def test_a_remote_worker_hung_in_its_set_up_is_killed_with_its_stack_and_restarted(
+    cluster: Ray, tmp_path: Path, caplog: Any,
+) -> None:  # fmt: skip
+    """hang_timeout counts from when the actor's set-up begins (its imports and Ray's
+    placement never count); the restarted worker is seeded as the first was."""
+    init = functools.partial(hang_once_in_init, str(tmp_path / "hung"))
+    loader = sl.DataLoader(Augmented(8), batch_size=2, generator=_gen(), remote_workers=2,
+                           worker_init_fn=init, hang_timeout=4.0)  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="steadyload"):
+        got = list(loader)
+    assert (tmp_path / "hung").exists()
+    expected = list(torch.utils.data.DataLoader(Augmented(8), batch_size=2, generator=_gen(),
+                                                num_workers=2, worker_init_fn=init))  # fmt: skip
+    assert _same(got, expected)
+    (restart,) = loader.report().restarts
+    assert restart.worker_id == 0
+    assert "hung in worker_init_fn for more than hang_timeout=4.0 s" in restart.cause
+    assert "hang_once_in_init" in caplog.text and "time.sleep(600)" in caplog.text
+
+
+def _break_connections_to(pid: int) -> int:
+    """Shut down this process's TCP connections to ``pid``'s servers (a broken network
+    path; the descriptors stay Ray's). Returns how many."""
+    ports = {c.laddr.port for c in psutil.Process(pid).net_connections("tcp")
+             if c.status == psutil.CONN_LISTEN}  # fmt: skip
+    broken = 0
+    for c in psutil.Process().net_connections("tcp"):
+        if c.raddr and c.raddr.port in ports and c.fd >= 0:
+            with socket.socket(fileno=os.dup(c.fd)) as s:
+                s.shutdown(socket.SHUT_RDWR)
+            broken += 1
+    return broken
+
+
+def test_a_broken_connection_to_a_live_actor_replaces_it_not_its_node(cluster: Ray) -> None:
+    ds = Augmented(40, sleep_s=0.05)
+    expected = list(sl.DataLoader(ds, batch_size=2, generator=_gen(), num_workers=2,
+                                  sample_seeds=True))  # fmt: skip
+    loader = sl.DataLoader(ds, batch_size=2, generator=_gen(), remote_workers=2,
+                           sample_seeds=True)  # fmt: skip
+    got = []
+    for i, batch in enumerate(it := iter(loader)):
+        got.append(batch)
+        if i == 2:
+            broken = _break_connections_to(it._workers[0].pid)
+            pool, node = it._pool, it._pool._actors[0].node_id
+    assert broken and _same(got, expected)
+    (restart,) = loader.report().restarts  # one worker, not its node
+    assert restart.worker_id == 0 and restart.cause == "its connection broke"
+    assert node not in pool._lost_nodes
 
 
 def test_skip_names_the_remote_sample_and_its_exception(cluster: Ray) -> None:

@@ -120,6 +120,7 @@ class RemoteWorker:
         self.worker_id = worker_id
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.set_up = threading.Event()
+        self.began = threading.Event()  # torch imported: the loop's set-up starts
         self.status = Fields()
         self._config = config
         self._started: StartFailed | None = None
@@ -138,17 +139,20 @@ class RemoteWorker:
         except BaseException as exc:
             type_name, text = describe_exception(exc)
             self._started = StartFailed(type_name, text, format_traceback(exc))
+            self.began.set()
             self.set_up.set()
             return
-        import torch
-
-        torch.set_num_threads(1)
-        seed = torch_hooks.seed_process(cfg.base_seed, self.worker_id)
-        info = torch_hooks.make_info(self.worker_id, cfg.num_workers, seed, cfg.dataset,
-                                     "multiprocessing")  # fmt: skip
-        torch_hooks.set_process_info(info)
-        seeder = SampleSeeder(cfg.base_seed, self.worker_id, own=info) if cfg.sample_seeds else None
         try:
+            import torch
+
+            torch.set_num_threads(1)
+            seed = torch_hooks.seed_process(cfg.base_seed, self.worker_id)
+            info = torch_hooks.make_info(self.worker_id, cfg.num_workers, seed, cfg.dataset,
+                                         "multiprocessing")  # fmt: skip
+            torch_hooks.set_process_info(info)
+            seeder = (SampleSeeder(cfg.base_seed, self.worker_id, own=info)
+                      if cfg.sample_seeds else None)  # fmt: skip
+            self.began.set()
             loop.run(cfg, cfg.dataset, self.worker_id, RemoteLink(self, cfg), self.status, seeder)
         except BaseException:
             # Never a dataset's error (those are outcomes): the worker cannot go on. Its
@@ -165,6 +169,15 @@ class RemoteWorker:
             future = self._answers.pop(task_id)
         assert self._aio is not None
         self._aio.call_soon_threadsafe(_resolve, future, outcome)
+
+    async def begin(self) -> tuple[int, str, str]:
+        """Wait until the loop's set-up starts (torch imported): (pid, node id, address).
+        From then on the set-up (``worker_init_fn``, the first iterator) is watched for
+        hangs, never the actor's placement or imports."""
+        import ray
+
+        await asyncio.get_running_loop().run_in_executor(None, self.began.wait)
+        return os.getpid(), ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
     async def ready(self) -> tuple[Any, int, str, str]:
         """Wait for the set-up: (`Ready` or `StartFailed`, pid, node id, node address)."""

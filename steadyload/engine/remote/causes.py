@@ -15,6 +15,7 @@ from typing import Any
 from ...errors import WorkerDiedError
 from ..loop import failed_outcome
 from ..protocol import Failed
+from .actor import CONTROL
 
 _LOGS = "Ray's logs on that node (/tmp/ray/session_latest/logs/, worker-*-{pid}.err and raylet.out)"
 
@@ -87,6 +88,17 @@ def node_state(ray: Any, node_id: str) -> tuple[bool | None, str]:
     return None, ""
 
 
+def draining(node_id: str) -> bool:
+    """Whether Ray is draining the node (the autoscaler's preemption notice: a busy node is
+    drained only for that); False when unknown."""
+    try:
+        from ray._private import state
+
+        return node_id in state.state.get_draining_nodes()
+    except Exception:
+        return False
+
+
 def _first_lines(text: str, n: int = 3) -> str:
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return " ".join(lines[:n])
@@ -103,11 +115,21 @@ def task_failed(ray: Any, exc: BaseException, task_id: int) -> Failed | None:
     return failed_outcome(task_id, cause, "while Ray sent the batch to the main process")
 
 
+def answers(ray: Any, handle: Any, wait_s: float = 5.0) -> bool:
+    """Whether the actor answers a call of its control group within ``wait_s``."""
+    try:
+        ray.get(handle.stack.options(concurrency_group=CONTROL).remote(), timeout=wait_s)
+    except Exception:
+        return False
+    return True
+
+
 def classify(
-    ray: Any, exc: BaseException | None, actor_id: str, node_id: str, address: str, pid: int | None
+    ray: Any, exc: BaseException | None, handle: Any, node_id: str, address: str, pid: int | None
 ) -> RemoteCause:  # fmt: skip
-    """The cause of a remote worker's death from ``exc`` (what its call raised; None: the
+    """The cause of a remote worker's end from ``exc`` (what its call raised; None: the
     actor answered nothing) and Ray's state."""
+    actor_id = handle._actor_id.hex()
     errors = ray.exceptions
     text = _first_lines(str(exc)) if exc is not None else ""
     node = f"node {node_id[:12]} ({address})"
@@ -131,9 +153,19 @@ def classify(
             "fewer actors per node (num_cpus=2), or a smaller batch; max_worker_memory= "
             "replaces a leaking worker before that.", node_id, address, ray_text=ray_text,
         )  # fmt: skip
-    if death.get("preempted"):
+    if unreachable and alive is not False and answers(ray, handle):
         return RemoteCause(
-            f"{node} preempted", f"the cloud provider took back {node} (Ray: preempted)",
+            "its connection broke", f"Ray lost its connection to the actor on {node} ({ray_text}); "
+            "the actor still answers, but a call may have been lost with it, so steadyload "
+            "replaced the actor",
+            f"nothing, if it is rare; if it repeats, check the network between this machine "
+            f"and {node}.", node_id, address, ray_text=ray_text, counts=False,
+        )  # fmt: skip
+    preempted = death.get("preempted") or death.get("node_reason") == "AUTOSCALER_DRAIN_PREEMPTED"
+    if preempted or (node_id and draining(node_id)):
+        return RemoteCause(
+            f"{node} preempted", f"{node} was preempted: Ray was draining it for preemption "
+            "(a spot node its cloud provider takes back)" + (f"; Ray: {ray_text}" if death else ""),
             "nothing: spot nodes go; the batches were re-run on the others. Use on-demand "
             "nodes (or a label_selector) for a pool that must not shrink.",
             node_id, address, node_lost=True, ray_text=ray_text, counts=False,

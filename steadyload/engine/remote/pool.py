@@ -36,14 +36,14 @@ from ..events import Died, NodeLost, Received
 from ..fetch import MAP, stateful
 from ..pool import REMOTE, Kind
 from ..protocol import Done, Reset, Restore, Retire, StartFailed, Stop, Task
-from ..status import IDLE, LOADING, Progress
+from ..status import Progress
 from ..thread.worker import Outbox
 from . import causes, sharing
 from .actor import CONTROL, RemoteWorker
 from .records import RemoteView, _Actor, dumps_config
 from .spec import RemoteWorkers, connect, import_ray
 
-_READY = -1  # the collector's marker for the actor's `ready` call
+_BEGIN, _READY = -2, -1  # the collector's markers for the actor's `begin` and `ready` calls
 
 
 class RemotePool:
@@ -108,6 +108,7 @@ class RemotePool:
         with self._lock:
             self._actors[worker_id] = a
         self.views[worker_id - self._first] = RemoteView(worker_id, a)
+        a.calls.put((a.handle.begin.remote(), _BEGIN))
         a.calls.put((a.handle.ready.remote(), _READY))
         threading.Thread(target=self._collect_calls, args=(a,), daemon=True,
                          name=f"steadyload-remote-{worker_id}").start()  # fmt: skip
@@ -154,11 +155,11 @@ class RemotePool:
     def ready(self, worker_id: int) -> bool:
         """Whether the worker's actor said `Ready` and is alive."""
         a = self._actors.get(worker_id)
-        return a is not None and a.pid is not None and not a.gone
+        return a is not None and a.set_up and not a.gone
 
     def unplaced(self) -> int:
         """Actors Ray has not started yet (no `Ready`)."""
-        return sum(1 for a in self._actors.values() if a.pid is None and not a.gone)
+        return sum(1 for a in self._actors.values() if not a.set_up and not a.gone)
 
     # -- the collectors (one thread per actor) -------------------------------------------------
     def _put(self, a: _Actor, event: object) -> None:
@@ -172,12 +173,12 @@ class RemotePool:
                 return
             ref, task_id = item
             del item
-            if task_id == _READY:
+            if task_id == _BEGIN:
                 sharing.await_placement(self._ray, self._spec, a, ref, self)
             try:
                 result = ray.get(ref)
             except BaseException as exc:  # the actor is gone, or (alive) the call raised
-                failed = causes.task_failed(ray, exc, task_id) if task_id != _READY else None
+                failed = causes.task_failed(ray, exc, task_id) if task_id >= 0 else None
                 if failed is None:
                     if not a.gone:
                         self._on_failure(a, task_id, exc)
@@ -185,10 +186,15 @@ class RemotePool:
                 result = (failed, None, ())
             finally:
                 del ref
+            if task_id == _BEGIN:  # its set-up starts: hang_timeout counts from here
+                with self._lock:
+                    a.pid, a.node_id, a.address = result
+                    a.setup_ns = time.monotonic_ns()
+                continue
             if task_id == _READY:
                 with self._lock:  # its first task starts now (hang_timeout counts from here)
                     answer, a.pid, a.node_id, a.address = result
-                    a.head_ns = time.monotonic_ns()
+                    a.head_ns, a.set_up = time.monotonic_ns(), True
                 self._put(a, answer)
                 if isinstance(answer, StartFailed):
                     return
@@ -228,17 +234,10 @@ class RemotePool:
             self._end(a)
         return ids
 
-    def _progress_of(self, a: _Actor) -> Progress:
-        if a.fields is not None:
-            return Progress(*a.fields[:5])
-        if not a.held or a.pid is None:  # nothing held, or not started yet (placement)
-            return Progress(-1, -1, IDLE, 0, 0)
-        return Progress(a.held[0], -1, LOADING, a.head_ns, 0)
-
     def _on_failure(self, a: _Actor, task_id: int, exc: BaseException) -> None:
         """A call raised: the actor, its node or a result is gone. One `Died`, or one
         `NodeLost` for every actor of a lost node."""
-        cause = causes.classify(self._ray, exc, a.handle._actor_id.hex(), a.node_id,
+        cause = causes.classify(self._ray, exc, a.handle, a.node_id,
                                 a.address, a.pid)  # fmt: skip
         with self._lock:  # the first collector to see it claims every actor it took
             if a.gone or self._actors.get(a.worker_id) is not a:
@@ -252,11 +251,11 @@ class RemotePool:
                 b.gone = True
                 self._generations[b.worker_id] += 1
         if len(group) > 1:
-            workers = tuple((b.worker_id, b.pid, self._progress_of(b)) for b in group)
+            workers = tuple((b.worker_id, b.pid, b.progress()) for b in group)
             self._events.put((-1, 0, NodeLost(cause, workers)))
         else:
             self._events.put((a.worker_id, self._generations[a.worker_id], Died(
-                exitcode=None, pid=a.pid, progress=self._progress_of(a), kind=REMOTE,
+                exitcode=None, pid=a.pid, progress=a.progress(), kind=REMOTE,
                 remote=cause)))  # fmt: skip
         for b in group:
             self._end(b)
@@ -357,7 +356,7 @@ class RemotePool:
         if a is None:
             return None
         with self._lock:
-            return self._progress_of(a)
+            return a.progress()
 
     def on_its_way(self, worker_id: int) -> bool:
         """Whether an event is waiting to be read."""
@@ -383,7 +382,7 @@ class RemotePool:
         a = self._actors.get(worker_id)
         if a is None or a.gone:
             return
-        progress = self._progress_of(a)
+        progress = a.progress()
         self._generations[worker_id] += 1
         self._end(a)
         cause = causes.RemoteCause("killed by steadyload (hang_timeout)", "a hang",

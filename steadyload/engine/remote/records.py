@@ -11,6 +11,7 @@ from typing import Any
 
 from ...pickling import diagnose
 from ..config import WorkerConfig
+from ..status import FLAGS, IDLE, INIT, LOADING, POSITION, STAGE, TASK, Progress
 from .spec import RemoteWorkers
 
 _LOG = logging.getLogger("steadyload.engine.remote.pool")
@@ -74,13 +75,29 @@ class _Actor:
         self.held: collections.deque[int] = collections.deque()  # task ids, in order
         self.head_ns = 0  # when the oldest held task started (inferred)
         self.fields: list[int] | None = None  # from the latest stack dump
-        self.pid: int | None = None
+        self.pid: int | None = None  # once its set-up began (`begin`)
+        self.setup_ns = 0  # when its set-up began, on this process's clock
+        self.set_up = False  # `Ready` came
         self.node_id = ""
         self.address = ""
         self.gone = False
         self.busy_s = 0.0
         self.samples = 0
         self.rss: int | None = None
+
+    def progress(self) -> Progress:
+        """What the actor is doing, inferred (pool.py's module docstring). Times are this
+        process's (an actor's clock is its node's); the stage and sample are the actor's
+        own once a stack dump brought its fields."""
+        since = self.head_ns if self.set_up else self.setup_ns
+        if self.fields is not None:
+            f = self.fields
+            return Progress(f[TASK], f[POSITION], f[STAGE], since, f[FLAGS])
+        if not self.set_up:  # in its set-up (worker_init_fn, the first iterator), or not begun
+            return Progress(-1, -1, INIT if since else IDLE, since, 0)
+        if not self.held:
+            return Progress(-1, -1, IDLE, 0, 0)
+        return Progress(self.held[0], -1, LOADING, since, 0)
 
 
 def warn_unplaced(ray: Any, spec: RemoteWorkers, worker_id: int) -> None:
