@@ -20,6 +20,7 @@ from .arguments import checked_snapshot_steps, torch_arguments
 from .checkpoint import Checkpoints, Mark
 from .engine.choice.worker_kind import WorkerChoice
 from .engine.remote.spec import RemoteWorkers, all_workers, remote_spec
+from .engine.remote.warm import prestart as prestart_remote
 from .iterators.in_process import InProcessIterator
 from .iterators.record import History, RunRecord, not_started
 from .iterators.workers import WorkerIterator
@@ -208,6 +209,8 @@ class DataLoader(WorkerPlans, torch.utils.data.DataLoader[_T_co]):
             # set-up (building the model). Not while this process is itself a worker
             # importing the main script: a loader built at top level is harmless there.
             self._start_context()
+        # Remote workers likewise, when this process is connected to Ray (warm.py).
+        self._prestarted = None if inheriting else prestart_remote(self)
 
     @property  # torch's plain attribute, watched (rebuild_watch.py)
     def timeout(self) -> float:

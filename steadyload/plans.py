@@ -26,6 +26,7 @@ class WorkerPlans:
     num_workers: int
     multiprocessing_context: Any
     dataset: Any
+    _prestarted: Any
 
     def _pool_plan(self) -> PoolPlan:
         """This iterator's workers: processes (their context), threads, or, with "auto"
@@ -34,9 +35,10 @@ class WorkerPlans:
         remote = self._options.remote
         if remote is None:
             return self._local_plan()
+        warm = self._prestarted
         if self.num_workers == 0:
-            return PoolPlan("remote", remote=remote)
-        return dataclasses.replace(self._local_plan(), remote=remote)
+            return PoolPlan("remote", remote=remote, prestarted=warm)
+        return dataclasses.replace(self._local_plan(), remote=remote, prestarted=warm)
 
     def _local_plan(self) -> PoolPlan:
         kind = self._options.worker_type

@@ -20,6 +20,7 @@ from .process.pool import ProcessPool
 from .remote.mixed import MixedPool
 from .remote.pool import RemotePool
 from .remote.spec import RemoteWorkers
+from .remote.warm import Prestarted
 from .thread.pool import ThreadPool
 
 
@@ -41,6 +42,8 @@ class PoolPlan:
     of this process), so it may be done as soon as the figures lean to processes."""
     remote: RemoteWorkers | None = None
     """Remote workers (Ray actors) beside the local ones, with the ids after theirs."""
+    prestarted: Prestarted | None = None
+    """The loader's remote workers started when it was built (engine/remote/warm.py)."""
 
     @property
     def start_method(self) -> str | None:
@@ -65,7 +68,7 @@ def make_pool(
     "process" plans had when the loader was built)."""
     if plan.remote is not None:
         local_count = num_workers - plan.remote.maximum
-        remote = RemotePool(config, plan.remote, local_count)
+        remote = RemotePool(config, plan.remote, local_count, prestarted=plan.prestarted)
         if local_count == 0:
             return _started(remote)
         local = _local_pool(plan, config, local_count, process_checks, start=False)

@@ -348,8 +348,10 @@ def test_a_remote_worker_hung_in_its_set_up_is_killed_with_its_stack_and_restart
     with caplog.at_level(logging.INFO, logger="steadyload"):
         got = list(loader)
     assert (tmp_path / "hung").exists()
-    expected = list(torch.utils.data.DataLoader(Augmented(8), batch_size=2, generator=_gen(),
-                                                num_workers=2, worker_init_fn=init))  # fmt: skip
+    # torch's batches, from steadyload's local workers (torch's, forked beside the Ray
+    # driver's threads, can deadlock)
+    expected = list(sl.DataLoader(Augmented(8), batch_size=2, generator=_gen(), num_workers=2,
+                                  worker_init_fn=init))  # fmt: skip
     assert _same(got, expected)
     (restart,) = loader.report().restarts
     assert restart.worker_id == 0
@@ -458,6 +460,35 @@ def test_actors_end_with_the_loader(cluster: Ray, how: str) -> None:
     del it  # the test's fixture waits for every actor to be dead
 
 
+def test_a_loader_built_while_connected_prestarts_its_actors_for_its_first_iterator(
+    cluster: Ray,
+) -> None:  # fmt: skip
+    """Built while connected: its actors start then (placed, torch imported); the first
+    iterator takes them and tells each which worker it is: torch's batches exactly."""
+    loader = sl.DataLoader(Augmented(16), batch_size=2, generator=_gen(), remote_workers=2)
+    wait_until(lambda: len([a for a in cluster.live_actors() if a.get("Pid")]) == 2, 60,
+               what="the prestarted actors to start")  # fmt: skip
+    prestarted = {h._actor_id.hex() for h in loader._prestarted._handles}
+    it = iter(loader)
+    got = [next(it)]
+    used = {a.handle._actor_id.hex() for a in it._pool._actors.values()}
+    got += list(it)
+    assert used == prestarted and len(used) == 2
+    expected = list(sl.DataLoader(Augmented(16), batch_size=2, generator=_gen(), num_workers=2))
+    assert _same(got, expected)
+    assert not loader._prestarted._handles  # the next epoch's start as before
+
+
+def test_prestarted_actors_die_with_a_loader_never_iterated(cluster: Ray) -> None:
+    cold = sl.DataLoader(Augmented(8), remote_workers=sl.RemoteWorkers(2, prestart=False))
+    assert cold._prestarted is None and not cluster.live_actors()
+    loader = sl.DataLoader(Augmented(8), remote_workers=2)
+    wait_until(lambda: len(cluster.live_actors()) == 2, 60, what="the prestarted actors")
+    del loader
+    gc.collect()
+    wait_until(lambda: not cluster.live_actors(), 30, what="the prestarted actors to die")
+
+
 def test_an_idle_iterator_gives_its_actors_to_a_loader_ray_could_not_place(
     cluster: Ray, caplog: Any,
 ) -> None:  # fmt: skip
@@ -541,6 +572,18 @@ def test_without_ray_steadyload_imports_and_says_how_to_get_it() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=ROOT)  # fmt: skip
     assert 'pip install "steadyload[ray]"' in out.stdout, out.stderr
+
+
+def test_a_loader_built_before_ray_init_connects_nothing() -> None:
+    code = textwrap.dedent("""
+        import steadyload as sl
+        loader = sl.DataLoader(list(range(4)), remote_workers=1)
+        import ray
+        print(loader._prestarted is None, ray.is_initialized())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)  # fmt: skip
+    assert out.stdout.split() == ["True", "False"], out.stderr
 
 
 def test_from_loader_keeps_remote_workers() -> None:

@@ -116,7 +116,9 @@ class RemoteLink:
 class RemoteWorker:
     """The actor's class (made a Ray actor by the pool: Ray is imported there only)."""
 
-    def __init__(self, config: bytes, worker_id: int) -> None:
+    def __init__(self, config: bytes | None, worker_id: int) -> None:
+        """Start the worker, or (``config`` None: prestarted, warm.py) only import, until
+        `configure` says which worker it is."""
         self.worker_id = worker_id
         self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.set_up = threading.Event()
@@ -131,10 +133,18 @@ class RemoteWorker:
         self._aio: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._main, name="steadyload-remote-worker",
                                         daemon=True)  # fmt: skip
-        self._thread.start()
+        if config is not None:
+            self._thread.start()
+
+    async def configure(self, config: bytes, worker_id: int) -> None:
+        """A prestarted actor becomes worker ``worker_id`` of a pool (its imports are done)."""
+        if self._config is None:
+            self._config, self.worker_id = config, worker_id
+            self._thread.start()
 
     def _main(self) -> None:
         try:
+            assert self._config is not None
             cfg: WorkerConfig = pickle.loads(self._config)
         except BaseException as exc:
             type_name, text = describe_exception(exc)

@@ -39,9 +39,10 @@ from ..protocol import Done, Reset, Restore, Retire, StartFailed, Stop, Task
 from ..status import Progress
 from ..thread.worker import Outbox
 from . import causes, sharing
-from .actor import CONTROL, RemoteWorker
+from .actor import CONTROL
 from .records import RemoteView, _Actor, dumps_config
 from .spec import RemoteWorkers, connect, import_ray
+from .warm import Prestarted, actor_class
 
 _BEGIN, _READY = -2, -1  # the collector's markers for the actor's `begin` and `ready` calls
 
@@ -56,9 +57,10 @@ class RemotePool:
 
     def __init__(
         self, config: WorkerConfig, spec: RemoteWorkers, first_id: int, *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, prestarted: Prestarted | None = None,
     ) -> None:  # fmt: skip
         self._config = config
+        self._prestarted = prestarted  # the loader's actors started at its build (warm.py)
         self._spec = spec
         self._first = first_id
         self._count = spec.maximum
@@ -87,7 +89,7 @@ class RemotePool:
         ray = self._ray = import_ray()
         connect(ray, self._spec)
         self._config_ref = ray.put(dumps_config(self._config))
-        self._class = ray.remote(concurrency_groups={CONTROL: 1})(RemoteWorker)
+        self._class = actor_class(ray)
         self.running = True
         for i in range(self._spec.minimum if count is None else count):
             self.respawn(self._first + i)  # a range starts at its minimum
@@ -103,8 +105,11 @@ class RemotePool:
 
     def _spawn(self, worker_id: int) -> None:
         a = _Actor(worker_id, self._generations[worker_id], self._clock())
-        a.handle = self._class.options(**self._spec.actor_options(self._lost_nodes)).remote(
-            self._config_ref, worker_id)  # fmt: skip
+        warm = self._prestarted.take() if self._prestarted and not self._lost_nodes else None
+        if warm is not None:  # placed and imported already: it learns which worker it is
+            warm.configure.remote(self._config_ref, worker_id)
+        a.handle = warm or self._class.options(**self._spec.actor_options(self._lost_nodes)
+                                               ).remote(self._config_ref, worker_id)  # fmt: skip
         with self._lock:
             self._actors[worker_id] = a
         self.views[worker_id - self._first] = RemoteView(worker_id, a)

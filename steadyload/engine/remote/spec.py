@@ -33,6 +33,9 @@ class RemoteWorkers:
             cluster this machine belongs to).
         runtime_env: Ray's runtime environment for the actors (your code's
             ``working_dir``, ``pip`` packages) when the nodes do not have it.
+        prestart: start the actors when the loader is built, if this process is connected
+            to Ray then (their placement and imports overlap with your set-up, as the fork
+            server's do); False: when the loader is first iterated.
     """
 
     count: int | tuple[int, int] = 1
@@ -43,6 +46,7 @@ class RemoteWorkers:
     memory: int | None = None
     address: str | None = None
     runtime_env: dict[str, Any] | None = None
+    prestart: bool = True
 
     def __post_init__(self) -> None:
         count = self.count
