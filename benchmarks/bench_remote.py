@@ -19,11 +19,18 @@ Sections (repetitions interleaved: rep 1 of every configuration, then rep 2, ...
             sent by value, so its task workers do not import torch) at the same k, beside
             the linear ideal (k x the local worker's rate); sl/RD is steadyload's samples/s
             over Ray Data's (steady rate, and whole epoch). Per epoch:
-            time to the first batch (actors not started, cluster up), epoch time, the
+            time to the first batch (from right after the loader's build, when Ray
+            was just asked for its actors; cluster up), epoch time, the
             steady rate (samples after the first k batches over the time from the k-th to
             the last batch) and the trainer's CPU per batch (this process's process_time
             over the same batches; local workers' own CPU is not in it, Ray Data's
             executor threads and Ray's client threads are).
+  gap       the first epoch of 4 remote workers (the scaling workload) 8 s after the
+            loader was built (the training script's own set-up, a sleep here: the CPU is
+            free, as while a model loads from disk or the network), timed from iter():
+            actors prestarted when the loader was built (the default while connected to
+            Ray) against ``RemoteWorkers(prestart=False)`` and Ray Data's pipeline built
+            before the gap.
   jpeg      decode + resize to 224x224 of 500x375 JPEGs (PIL, made in a temp dir), batch
             16: 2 local process workers against 2 remote workers (the same 2 cores).
   overhead  2 remote workers, ``prefetch_factor=1`` (so no task waits behind another in
@@ -78,6 +85,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SLEEP_S = 0.020  # the wait-bound workload: per sample
 NUM_CPUS = 0.25  # per remote worker and per Ray Data task: 4 fit on the two 1-CPU nodes
+GAP_S = 8.0  # the training script's set-up between building the loader and iterating it
 STORE = 100 << 20  # object store per node
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -163,13 +171,14 @@ def _worker_rows(loader: Any) -> list[dict[str, Any]]:
 
 
 def sl_epoch(ds: Any, bs: int, local: int, remote: int, prefetch: int | None = None,
-             report: bool = False) -> dict[str, Any]:
+             report: bool = False, gap_s: float = 0.0, prestart: bool = True) -> dict[str, Any]:
     """One epoch of a fresh steadyload loader: ``local`` process workers, ``remote`` Ray
-    actors."""
+    actors; timed from iter(), ``gap_s`` after the loader was built (the script's set-up)."""
     import steadyload as sl
 
-    spec = sl.RemoteWorkers(remote, num_cpus=NUM_CPUS) if remote else None
+    spec = sl.RemoteWorkers(remote, num_cpus=NUM_CPUS, prestart=prestart) if remote else None
     loader = sl.DataLoader(ds, batch_size=bs, num_workers=local, remote_workers=spec)
+    time.sleep(gap_s)
     if prefetch is not None:  # not accepted by __init__ with num_workers=0 (torch's check)
         loader.prefetch_factor = prefetch
     stamps: list[float] = []
@@ -211,14 +220,17 @@ def rd_dataset(n: int, bs: int, k: int) -> Any:
         compute=ray.data.TaskPoolStrategy(size=k))
 
 
-def rd_epoch(n: int, bs: int, k: int) -> dict[str, Any]:
-    """One iteration of a fresh Ray Data pipeline over the same workload."""
+def rd_epoch(n: int, bs: int, k: int, gap_s: float = 0.0) -> dict[str, Any]:
+    """One iteration of a fresh Ray Data pipeline over the same workload (built ``gap_s``
+    before it is iterated)."""
     stamps: list[float] = []
     cpus: list[float] = []
     sizes: list[int] = []
     seen: list[int] = []
+    ds = rd_dataset(n, bs, k)
+    time.sleep(gap_s)
     c0, t0 = time.process_time(), time.perf_counter()
-    for batch in rd_dataset(n, bs, k).iter_torch_batches(batch_size=bs):
+    for batch in ds.iter_torch_batches(batch_size=bs):
         stamps.append(time.perf_counter())
         cpus.append(time.process_time())
         ids = batch["i"].tolist()
@@ -633,6 +645,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["scaling"] = runs
         lap("scaling")
 
+        # -- the first epoch after the script's set-up: prestarted actors or not ----------
+        k, gap_runs = counts[-1], {}
+        for rep in range(args.reps):
+            print(f"after a {GAP_S:g} s set-up, rep {rep + 1}/{args.reps}", flush=True)
+            for name, fn in (
+                (f"sl-prestarted-{k}", lambda: sl_epoch(mod.Sleepy(per_worker * k), 8, 0, k,
+                                                        gap_s=GAP_S)),
+                (f"sl-cold-{k}", lambda: sl_epoch(mod.Sleepy(per_worker * k), 8, 0, k,
+                                                  gap_s=GAP_S, prestart=False)),
+                (f"raydata-{k}", lambda: rd_epoch(per_worker * k, 8, k, gap_s=GAP_S)),
+            ):
+                r = _attempt(fn)
+                gap_runs.setdefault(name, []).append(r)
+                print(_line(name, r), flush=True)
+                gc.collect()
+        results["gap"] = gap_runs
+        results["params"]["gap_s"] = GAP_S
+        lap("gap")
+
         # -- JPEG: local processes against remote workers ---------------------------------------
         jpeg_runs: dict[str, list[dict[str, Any]]] = {}
         for rep in range(args.reps):
@@ -770,6 +801,22 @@ def tables(results: dict[str, Any]) -> dict[str, Any]:
         print(f"  report() of {counts[-1]} remote workers (last rep): " + "; ".join(
             f"w{w['worker']} {w['samples_per_s'] or 0:.1f}/s busy {w['busy_share'] or 0:.2f}"
             f" {(w['node'] or '')[:6]}" for w in last4[-1]["workers"]))
+
+    print(f"\nthe first epoch, {GAP_S:g} s after the loader was built (a set-up that sleeps)")
+    grows: dict[str, Any] = {}
+    for name, rs in results["gap"].items():
+        g = {key: _median(rs, key) for key in ("first_s", "epoch_s", "epoch_rate")}
+        g["same"] = all(r.get("same") for r in rs)
+        grows[name] = g
+        if g["first_s"] is None:
+            print(f"  {name:18s} failed: {rs[0].get('error')}")
+            continue
+        print(f"  {name:18s} first batch {g['first_s']:5.2f} s  epoch {g['epoch_s']:5.2f} s  "
+              f"{g['epoch_rate']:6.1f} samples/s over the epoch")
+    rd = next((g for n, g in grows.items() if n.startswith("raydata") and g["epoch_rate"]), None)
+    for g in grows.values():
+        g["vs_raydata"] = g["epoch_rate"] / rd["epoch_rate"] if rd and g["epoch_rate"] else None
+    summary["gap"] = grows
 
     jpeg = results["jpeg"]
     print(f"\njpeg: decode + resize, batch 16, {results['params']['jpeg_samples']} samples")
