@@ -54,8 +54,9 @@ def main(argv: list[str]) -> int:
         # The whole suite on two pytest processes (pytest-xdist): most tests wait on worker
         # processes, imports and subprocess jobs, so two in parallel keep the cores busy.
         # With arguments (a file, -k, -n 0) pytest runs as asked.
-        # --dist loadgroup: tests marked xdist_group("ray") share one pytest process, so
-        # one local Ray cluster serves them all (tests/integration/test_remote.py).
+        # --dist loadgroup (tests/conftest.py's scheduler): the modules in ONE_PROCESS run
+        # whole in one pytest process, so one local Ray cluster serves all of
+        # tests/integration/test_remote.py.
         cmd = [str(PY), "-m", "pytest", *(argv[1:] or ["-n", "2", "--dist", "loadgroup"])]
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 

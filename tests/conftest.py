@@ -18,6 +18,29 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 
 
+ONE_PROCESS = ("tests/integration/test_remote.py",)
+"""Modules whose tests all run in one pytest process under xdist (`dev.py test`): they
+share a module-scoped fixture too costly to build twice (test_remote.py: a Ray cluster)."""
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadgroup`` that works with pytest 9: xdist 3.8 groups a test by a suffix it
+    writes on the test's node id, which pytest 9 ignores (`Node.nodeid` is now derived), so
+    every test was its own group and test_remote.py's cluster was built on both processes.
+    Here the controller groups by module instead: an `ONE_PROCESS` module is one unit of
+    work, every other test its own (as xdist's "load")."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_PROCESS else nodeid
+
+    return ByModule(config, log)
+
+
 def wait_until(
     predicate: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.05,
     what: str = "condition",

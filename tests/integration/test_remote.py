@@ -3,7 +3,7 @@ nodes, every node on 127.0.0.1, and real faults (SIGKILL of an actor, a removed 
 lost result object, a hang, a raising sample, a SIGKILLed driver).
 
 One cluster per module (about 9 s to start, 2.3 GiB): the tests share it and run in one
-pytest process (``xdist_group``). Each test leaves no actor behind (`no_leaks`).
+pytest process (``conftest.ONE_PROCESS``). Each test leaves no actor behind (`no_leaks`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import functools
 import gc
 import logging
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -43,7 +44,7 @@ from tests.remote_datasets import (
 
 ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.timeout(240)]  # one pytest process (conftest.ONE_PROCESS)
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
@@ -479,7 +480,9 @@ def test_a_loader_built_while_connected_prestarts_its_actors_for_its_first_itera
     assert not loader._prestarted._handles  # the next epoch's start as before
 
 
-def test_prestarted_actors_die_with_a_loader_never_iterated(cluster: Ray) -> None:
+def test_prestarted_actors_die_with_a_loader_never_iterated_or_sent_elsewhere(
+    cluster: Ray,
+) -> None:  # fmt: skip
     cold = sl.DataLoader(Augmented(8), remote_workers=sl.RemoteWorkers(2, prestart=False))
     assert cold._prestarted is None and not cluster.live_actors()
     loader = sl.DataLoader(Augmented(8), remote_workers=2)
@@ -487,6 +490,12 @@ def test_prestarted_actors_die_with_a_loader_never_iterated(cluster: Ray) -> Non
     del loader
     gc.collect()
     wait_until(lambda: not cluster.live_actors(), 30, what="the prestarted actors to die")
+    # Pickled (the loader sent to a spawned process, which starts its own): given back here.
+    loader = sl.DataLoader(Augmented(8), remote_workers=2)
+    wait_until(lambda: len(cluster.live_actors()) == 2, 60, what="the prestarted actors")
+    copy = pickle.loads(pickle.dumps(loader))
+    assert copy._prestarted is not None and not copy._prestarted._handles
+    wait_until(lambda: not cluster.live_actors(), 30, what="the prestarted actors to go")
 
 
 def test_an_idle_iterator_gives_its_actors_to_a_loader_ray_could_not_place(

@@ -7,7 +7,8 @@ loader never connects by itself before it is iterated. A prestarted actor holds 
 its imports; the loader's first pool takes it and tells it which worker it is
 (`RemoteWorker.configure`), so it is as fresh as an actor started then. Actors not taken
 die with their loader; an idle set gives them back to a pool Ray cannot place
-(sharing.py); a copy of the loader made by pickling has none.
+(sharing.py); pickling the loader (for another process) gives them back, and the copy
+has none.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ class Prestarted:
         self._lock = threading.Lock()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return Prestarted, (self.spec,)  # another process's copy: none started
+        # The loader goes to another process (a spawned rank), whose copy starts its own:
+        # these would hold their Ray resources here, unused, so they go now.
+        self.give_back()
+        return Prestarted, (self.spec,)
 
     def start(self, ray: Any, count: int) -> None:
         """Ask Ray for ``count`` actors, placed as the spec says."""
