@@ -184,20 +184,15 @@ class RemoteWorker:
         """Wait until the loop's set-up starts (torch imported): (pid, node id, address).
         From then on the set-up (``worker_init_fn``, the first iterator) is watched for
         hangs, never the actor's placement or imports."""
-        import ray
-
         await asyncio.get_running_loop().run_in_executor(None, self.began.wait)
-        return os.getpid(), ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+        return _where()
 
-    async def ready(self) -> tuple[Any, int, str, str]:
-        """Wait for the set-up: (`Ready` or `StartFailed`, pid, node id, node address)."""
-        import ray
-
+    async def ready(self) -> Any:
+        """Wait for the set-up: `Ready` or `StartFailed`."""
         await asyncio.get_running_loop().run_in_executor(None, self.set_up.wait)
-        node = ray.get_runtime_context().get_node_id()
-        address = ray.util.get_node_ip_address()
-        ready = Ready(pid=os.getpid(), preload_missing=None, node=f"{node[:12]} ({address})")
-        return self._started or ready, os.getpid(), node, address
+        pid, node, address = _where()
+        return self._started or Ready(pid=pid, preload_missing=None,
+                                      node=f"{node[:12]} ({address})")  # fmt: skip
 
     async def call(self, number: int, msg: Any) -> Any:
         """Message ``number`` of the pool's: fed to the loop in order; for a `Task`, its
@@ -225,6 +220,13 @@ class RemoteWorker:
             text.append(f'Thread "{names.get(ident, ident)}" (most recent call last):\n'
                         + "".join(traceback.format_stack(frame)))  # fmt: skip
         return "\n".join(text), [int(x) for x in self.status.fields]
+
+
+def _where() -> tuple[int, str, str]:
+    """This actor's pid, Ray node id and node address."""
+    import ray
+
+    return os.getpid(), ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
 
 def _resolve(future: asyncio.Future[Any], outcome: Any) -> None:

@@ -105,11 +105,13 @@ class RemotePool:
 
     def _spawn(self, worker_id: int) -> None:
         a = _Actor(worker_id, self._generations[worker_id], self._clock())
-        warm = self._prestarted.take() if self._prestarted and not self._lost_nodes else None
-        if warm is not None:  # placed and imported already: it learns which worker it is
-            warm.configure.remote(self._config_ref, worker_id)
-        a.handle = warm or self._class.options(**self._spec.actor_options(self._lost_nodes)
-                                               ).remote(self._config_ref, worker_id)  # fmt: skip
+        handle = self._prestarted.take() if self._prestarted and not self._lost_nodes else None
+        if handle is not None:  # placed and imported already: it learns which worker it is
+            handle.configure.remote(self._config_ref, worker_id)
+        else:
+            options = self._spec.actor_options(self._lost_nodes)
+            handle = self._class.options(**options).remote(self._config_ref, worker_id)
+        a.handle = handle
         with self._lock:
             self._actors[worker_id] = a
         self.views[worker_id - self._first] = RemoteView(worker_id, a)
@@ -193,13 +195,11 @@ class RemotePool:
                 del ref
             if task_id == _BEGIN:  # its set-up starts: hang_timeout counts from here
                 with self._lock:
-                    a.pid, a.node_id, a.address = result
-                    a.setup_ns = time.monotonic_ns()
+                    (a.pid, a.node_id, a.address), a.setup_ns = result, time.monotonic_ns()
                 continue
             if task_id == _READY:
                 with self._lock:  # its first task starts now (hang_timeout counts from here)
-                    answer, a.pid, a.node_id, a.address = result
-                    a.head_ns, a.set_up = time.monotonic_ns(), True
+                    answer, a.head_ns, a.set_up = result, time.monotonic_ns(), True
                 self._put(a, answer)
                 if isinstance(answer, StartFailed):
                     return
