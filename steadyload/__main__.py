@@ -1,6 +1,6 @@
 """``python -m steadyload``: the command-line interface."""
 
-from steadyload.cli.__main__ import main
+from .cli.__main__ import main
 
 # The guard matters: forkserver/spawn workers started by `bench` import this module again
 # (as __mp_main__), which must not re-run the command.

@@ -15,19 +15,19 @@ from typing import Any, TypeVar
 
 import torch.utils.data
 
-from ._system import parse_bytes
 from .arguments import checked_snapshot_steps, torch_arguments
-from .checkpoint import Checkpoints, Mark
+from .engine.choice.plans import WorkerPlans
 from .engine.choice.worker_kind import WorkerChoice
 from .engine.remote.spec import RemoteWorkers, all_workers, remote_spec
 from .engine.remote.warm import prestart as prestart_remote
+from .host.system import parse_bytes
 from .iterators.in_process import InProcessIterator
 from .iterators.record import History, RunRecord, not_started
 from .iterators.workers import WorkerIterator
 from .options import OPTION_NAMES, LoaderOptions, options_of
-from .plans import WorkerPlans
 from .rebuild_watch import caller_frame, note_read
 from .report import LoaderReport
+from .resume.checkpoint import Checkpoints, Mark
 from .start.context import StartInfo
 from .worker_count import AutoChoice, resolve_num_workers
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._system import available_memory_bytes, cpu_quota, gib
+from .host.system import available_memory_bytes, cpu_quota, gib
 
 _LOG = logging.getLogger(__name__)
 

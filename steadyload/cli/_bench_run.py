@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._system import available_memory_bytes, gib
+from ..host.system import available_memory_bytes, gib
 from ..worker_count import TRIVIAL_SAMPLE_S, SampleProfile, fmt_s, memory_bound, probe, usable_cpus
 
 WITHIN_BEST = 0.95

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .._system import CgroupMemory, Space, gib
+from ..host.system import CgroupMemory, Space, gib
 
 Status = Literal["OK", "WARN", "FAIL"]
 CHECKS = ("python", "torch", "gpu", "start_method", "forkserver", "module_import",
@@ -93,7 +93,7 @@ def check_start_method(default: str) -> Check:
 def check_forkserver(report: Any, seconds: float | None, error: str, was_running: bool) -> Check:
     """The outcome of starting one real forkserver worker (`report` is its LoaderReport)."""
     if report is None:
-        # steadyload's errors read "what\nWhy: ...\nFix: ..." (see diagnosis.py).
+        # steadyload's errors read "what\nWhy: ...\nFix: ..." (see diagnosis/).
         first, _, rest = error.partition("\n")
         parts = re.split(r"^(Why|Likely cause|Fix): ", rest, flags=re.M)
         why = [parts[0].strip()] + [t.strip() for k, t in zip(parts[1::2], parts[2::2],

@@ -152,7 +152,7 @@ def render(result: BenchResult) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from .._system import gib
+    from ..host.system import gib
     from ..worker_count import fmt_s
 
     rows: dict[int, dict[str, Any]] = {}

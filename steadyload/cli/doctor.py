@@ -238,7 +238,7 @@ def collect(module: str | None = None, *, clean: bool = False, shm_dir: str = "/
     import torch
     import torch.multiprocessing as tmp
 
-    from .. import _system
+    from ..host import system
     from ..start.context import default_method
 
     env = os.environ if env is None else env
@@ -248,7 +248,7 @@ def collect(module: str | None = None, *, clean: bool = False, shm_dir: str = "/
     mod_child = _spawn(_IMPORT_PROBE, module) if module and want & {
         "module_import", "main_guard", "sharing_strategy"} else None
     gpu_child = _spawn(_GPU_PROBE) if gpu_build and want & {"gpu", "env"} else None
-    soft, hard = _system.fd_limits()  # before a worker starts: that raises the soft limit
+    soft, hard = system.fd_limits()  # before a worker starts: that raises the soft limit
     out: list[Check] = []
     if "python" in want:
         out.append(checks.check_python(platform.python_version(),
@@ -276,12 +276,12 @@ def collect(module: str | None = None, *, clean: bool = False, shm_dir: str = "/
     if "cpus" in want:
         affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
-        out.append(checks.check_cpus(os.cpu_count(), affinity, _system.cpu_quota()))
+        out.append(checks.check_cpus(os.cpu_count(), affinity, system.cpu_quota()))
     if "memory" in want:
-        out.append(checks.check_memory(_system.cgroup_memory(), _system.available_memory_bytes(),
-                                       _system.total_memory_bytes()))
+        out.append(checks.check_memory(system.cgroup_memory(), system.available_memory_bytes(),
+                                       system.total_memory_bytes()))
     if "shm" in want:
-        out.append(checks.check_shm(_system.shm_space(shm_dir), shm_dir))
+        out.append(checks.check_shm(system.shm_space(shm_dir), shm_dir))
     strategy, source = tmp.get_sharing_strategy(), "torch's default"
     if imported and imported.get("sharing_strategy", strategy) != strategy:
         strategy, source = imported["sharing_strategy"], f"set by {module} at import"

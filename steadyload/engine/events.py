@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .protocol import Done
-from .status import Progress
+from .worker.status import Progress
 
 
 @dataclass(frozen=True, slots=True)

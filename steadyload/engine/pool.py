@@ -15,8 +15,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from .events import ServerDied
 from .interrupts import interrupts_allowed
-from .status import Progress
 from .transport import channel
+from .worker.status import Progress
 
 Kind = Literal["process", "thread", "remote"]
 PROCESS: Kind = "process"

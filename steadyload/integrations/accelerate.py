@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
-from .. import rebuild_watch, shards
+from .. import rebuild_watch
 from ..loader import DataLoader
 from ..options import check_option_names, options_of
+from ..resume import shards
 
 TESTED = "1.15"  # the accelerate release this module was written and tested against
 STATE_FILE = "steadyload_loader_{index}_rank{rank}.pt"

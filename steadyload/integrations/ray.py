@@ -19,8 +19,8 @@ from typing import Any
 import torch.utils.data as tud
 from torch.utils.data.distributed import DistributedSampler
 
-from ..checkpoint import Mark
 from ..loader import DataLoader
+from ..resume.checkpoint import Mark
 
 
 def prepare_data_loader(

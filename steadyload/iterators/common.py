@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterDataPipe, MapDataPipe
 
-from ..engine.torch_hooks import profiler_enabled
+from ..engine.worker.torch_hooks import profiler_enabled
 from ..errors import SkipLimitError
 from ..report import SkippedSample, StreamCut, describe_cut
 from .record import RunRecord

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from ..engine.pool import WorkerPool
-from ..engine.status import IDLE
+from ..engine.worker.status import IDLE
 from .tasks import TaskTable
 
 _LOG = logging.getLogger(__name__)

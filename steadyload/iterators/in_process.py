@@ -1,6 +1,6 @@
 """The in-process iterator (``num_workers=0``): torch's semantics, steadyload's notes.
 
-Loads each batch in this process with the same fetch code as a worker (`engine/fetch.py`),
+Loads each batch in this process with the same fetch code as a worker (`engine/worker/fetch.py`),
 so ``on_error="skip"``, ``sample_seeds`` (the caller's RNGs restored after each batch),
 exception notes and checkpointing behave as with workers.
 """
@@ -15,10 +15,10 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .._seeding import KeepCallerRngs, SampleSeeder
-from ..checkpoint import Checkpoints
-from ..engine.fetch import AllSkipped, Fetcher
+from ..engine.worker.fetch import AllSkipped, Fetcher
 from ..options import LoaderOptions
-from ..progress import position_blobs
+from ..resume.checkpoint import Checkpoints
+from ..resume.progress import position_blobs
 from .common import UNSET, EmptyBatches, SkipGuard, TimedNext, add_note, record_cut
 from .record import History, RunRecord
 

@@ -13,7 +13,6 @@ import logging
 import time
 from typing import Any
 
-from .. import limits
 from ..engine.events import (
     Died,
     GlobalRngDrawn,
@@ -27,6 +26,7 @@ from ..engine.pool import WorkerPool
 from ..engine.protocol import Empty, Exhausted, Failed, Ready, Retire, StartFailed
 from ..engine.thread.sharing import warn_global_draws
 from ..errors import SharedMemoryError
+from ..host import limits
 from ..memory.advice import check_in_flight
 from ..report import SkippedSample, WorkerReport, summarize_modules
 from .common import EmptyBatches, SkipGuard, record_cut

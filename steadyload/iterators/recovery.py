@@ -21,11 +21,12 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .. import _system, diagnosis
+from .. import diagnosis
 from ..engine.events import Died, NodeLost, ServerDied, ServerGone
 from ..engine.pool import THREAD, ServerPool, WorkerPool
 from ..engine.remote.causes import remote_died
-from ..engine.status import IDLE, LOADING, STAGES, STARTING, Progress
+from ..engine.worker.status import IDLE, LOADING, STAGES, STARTING, Progress
+from ..host import system
 from ..report import RestartReport, SkippedSample
 from .common import flat_indices
 from .record import RunRecord
@@ -64,14 +65,14 @@ def gather_evidence(
     died: Died, oom_kills_before: int | None, rss_bytes: int | None
 ) -> diagnosis.Evidence:
     """What the machine, the memory sampler and the worker's status block say about a death."""
-    memory = _system.cgroup_memory()
+    memory = system.cgroup_memory()
     progress = died.progress
     return diagnosis.Evidence(
         rss_bytes=rss_bytes,
-        memory_limit_bytes=memory.limit_bytes or _system.total_memory_bytes(),
+        memory_limit_bytes=memory.limit_bytes or system.total_memory_bytes(),
         oom_kills_before=oom_kills_before,
         oom_kills_after=memory.oom_kills,
-        shm=_system.shm_space(),
+        shm=system.shm_space(),
         stacks=died.stacks,
         libraries=died.libraries,
         stage=STAGES.get(progress.stage, "") if progress else "",
@@ -100,7 +101,7 @@ class Recovery:
         """worker -> USS that passed max_worker_memory (it said `Retire` and exits)."""
         self._kills: collections.Counter[Any] = collections.Counter()  # sample -> deaths
         self._hangs: collections.Counter[Any] = collections.Counter()  # task id -> hangs
-        self._oom_kills = _system.cgroup_memory().oom_kills
+        self._oom_kills = system.cgroup_memory().oom_kills
 
     @property
     def _resumable(self) -> bool:
@@ -146,8 +147,8 @@ class Recovery:
 
         if retired_uss is not None and died.exitcode == 0:
             cause = (
-                f"used {_system.gib(retired_uss)} (above max_worker_memory="
-                f"{_system.gib(self._opts.max_worker_memory_bytes)})"
+                f"used {system.gib(retired_uss)} (above max_worker_memory="
+                f"{system.gib(self._opts.max_worker_memory_bytes)})"
             )
             self._replace(pool, worker_id, died, held, cause, None, budget=False)
             return

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pickle
 
-from .. import limits
 from ..engine.protocol import Failed
+from ..host import limits
 from .common import add_note
 
 

@@ -24,17 +24,17 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .. import diagnosis
-from ..checkpoint import Checkpoints
 from ..engine import interrupts
 from ..engine.config import WorkerConfig
 from ..engine.factory import PoolPlan, make_pool
-from ..engine.fetch import ITERABLE, stateful
 from ..engine.interrupts import held_interrupts
 from ..engine.pool import WorkerPool
 from ..engine.remote.spec import all_workers
+from ..engine.worker.fetch import ITERABLE, stateful
 from ..memory.sampler import MemorySampler
 from ..options import LoaderOptions
-from ..progress import EpochProgress, carried, position_blobs
+from ..resume.checkpoint import Checkpoints
+from ..resume.progress import EpochProgress, carried, position_blobs
 from ..start import guards
 from .common import (
     DatasetError,

@@ -17,7 +17,7 @@ import sys
 import warnings
 from typing import Any
 
-from .._system import gib
+from ..host.system import gib
 
 _LOG = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def check_dataset_shm(dataset: Any, num_workers: int, method: str) -> None:
     """Warn when the dataset's tensors, shared through /dev/shm, do not fit there."""
     if method == "fork":
         return  # forked workers inherit the memory; nothing goes through /dev/shm
-    from .._system import shm_space
+    from ..host.system import shm_space
 
     nbytes = tensor_bytes(dataset)
     space = shm_space()
@@ -292,7 +292,7 @@ def check_dataset_shm(dataset: Any, num_workers: int, method: str) -> None:
 
 def check_in_flight(batch: Any, prefetch_factor: int, num_workers: int) -> str | None:
     """A warning when batches in flight would take over half of the available memory."""
-    from .._system import available_memory_bytes
+    from ..host.system import available_memory_bytes
 
     per_batch = tensor_bytes(batch)
     available = available_memory_bytes()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .._system import gib
+from ..host.system import gib
 
 
 class MemorySampler:

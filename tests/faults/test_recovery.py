@@ -79,7 +79,7 @@ def _worker_pids(min_age_s: float = 0.0) -> list[int]:
 def test_random_kills_from_outside_lose_and_repeat_nothing() -> None:
     # Kills land at random moments (loading, sending, idle), but never twice on the same
     # sample: two deaths on one sample would rightly count as a sample that kills workers.
-    from steadyload.engine.status import LOADING
+    from steadyload.engine.worker.status import LOADING
 
     loader = sl.DataLoader(Slow(600, delay_s=0.004), batch_size=3, num_workers=2,
                            max_restarts=100)

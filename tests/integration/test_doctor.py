@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from steadyload._system import CgroupMemory, Space
 from steadyload.cli import _doctor_checks as checks
 from steadyload.cli import _doctor_env as env_checks
 from steadyload.cli.__main__ import main
 from steadyload.cli.doctor import CHECKS, collect, find_leftovers, format_text, to_json
+from steadyload.host.system import CgroupMemory, Space
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {"name", "status", "detail", "why", "fix", "data"}

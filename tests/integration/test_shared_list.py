@@ -226,12 +226,12 @@ def test_report_gives_worker_memory_and_flags_growth_epoch_over_epoch(caplog: py
 
 
 def test_dataset_tensors_that_do_not_fit_in_dev_shm_are_flagged(monkeypatch: pytest.MonkeyPatch) -> None:
-    from steadyload import _system
+    from steadyload.host import system
     from steadyload.memory import advice as memory
     from tests.datasets import TensorHeavy
 
     memory._shm_warned.clear()
-    monkeypatch.setattr(_system, "shm_space", lambda path="/dev/shm": _system.Space("/dev/shm", 64 << 20, 1 << 20))
+    monkeypatch.setattr(system, "shm_space", lambda path="/dev/shm": system.Space("/dev/shm", 64 << 20, 1 << 20))
     with pytest.warns(UserWarning, match=r"the dataset holds 8 MiB of tensors, which torch moves to /dev/shm when it sends the dataset to forkserver workers, but /dev/shm has 1 MiB free of 64 MiB\. The workers would die with a bus error \(SIGBUS\)\. Fix: give the container more shared memory"):
         loader = sl.DataLoader(TensorHeavy(), batch_size=2, num_workers=1)
         it = iter(loader)
@@ -241,10 +241,10 @@ def test_dataset_tensors_that_do_not_fit_in_dev_shm_are_flagged(monkeypatch: pyt
 def test_batches_in_flight_are_compared_with_available_memory(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from steadyload import _system
+    from steadyload.host import system
     from tests.datasets import MapDS
 
-    monkeypatch.setattr(_system, "available_memory_bytes", lambda: 100)  # 96 bytes in flight
+    monkeypatch.setattr(system, "available_memory_bytes", lambda: 100)  # 96 bytes in flight
     with caplog.at_level(logging.WARNING, logger="steadyload"):
         assert len(list(sl.DataLoader(MapDS(8), batch_size=2, num_workers=2))) == 4
     (advice,) = [r.getMessage() for r in caplog.records if "in flight" in r.getMessage()]

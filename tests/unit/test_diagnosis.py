@@ -76,18 +76,18 @@ def test_native_crash_lists_risky_libraries_and_the_stack() -> None:
 
 
 def test_cgroup_files_are_read(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from steadyload import _system
+    from steadyload.host import system
 
     (tmp_path / "memory.max").write_text("1073741824\n")
     (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n")
-    monkeypatch.setattr(_system, "_cgroup_dir", lambda pid="self", root=None: tmp_path)
-    assert _system.cgroup_memory() == _system.CgroupMemory(1 << 30, 2)
+    monkeypatch.setattr(system, "_cgroup_dir", lambda pid="self", root=None: tmp_path)
+    assert system.cgroup_memory() == system.CgroupMemory(1 << 30, 2)
     (tmp_path / "memory.max").write_text("max\n")
-    assert _system.cgroup_memory().limit_bytes is None
+    assert system.cgroup_memory().limit_bytes is None
 
 
 def test_sizes_parse() -> None:
-    from steadyload._system import parse_bytes
+    from steadyload.host.system import parse_bytes
 
     assert parse_bytes("4GiB", "x") == 4 << 30 and parse_bytes("512MB", "x") == 512 * 10**6
     assert parse_bytes("1.5g", "x") == int(1.5e9) and parse_bytes(1024, "x") == 1024

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from steadyload.epoch_order import YieldedBatches
+from steadyload.resume.epoch_order import YieldedBatches
 
 
 def test_unmark_undoes_the_last_mark_in_any_order_of_arrival() -> None:

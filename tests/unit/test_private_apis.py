@@ -1,6 +1,6 @@
 """steadyload leans on a few private APIs of CPython and torch; fail loudly if they move.
 
-Every torch hook lives in steadyload/engine/torch_hooks.py; each has a check here.
+Every torch hook lives in steadyload/engine/worker/torch_hooks.py; each has a check here.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_the_c_getsignal_answers_as_signal_getsignal_does() -> None:
 
 def test_get_worker_info_is_the_global_read_install_per_thread_swaps() -> None:
     # torch_hooks.install_per_thread swaps its code object for a thread-local read first.
-    from steadyload.engine import torch_hooks
+    from steadyload.engine.worker import torch_hooks
 
     code = torch_worker.get_worker_info.__code__
     if code is not torch_hooks._per_thread_get_worker_info.__code__:  # not swapped yet

@@ -1,4 +1,4 @@
-"""Elastic resume (steadyload/shards.py), in one process: each rank's loader is built with
+"""Elastic resume (steadyload/resume/shards.py), in one process: each rank's loader is built with
 its own ``DistributedSampler(num_replicas=N, rank=r)``, so N ranks are N loaders here. The
 multi-process runs (gloo, torchrun) are in tests/integration/test_elastic.py."""
 
@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 import steadyload as sl
-from steadyload import shards
+from steadyload.resume import shards
 
 
 class Ids(Dataset[int]):

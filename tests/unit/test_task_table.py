@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from steadyload.engine.status import IDLE, LOADING, Progress
+from steadyload.engine.worker.status import IDLE, LOADING, Progress
 from steadyload.iterators.hangs import Watchdog
 from steadyload.iterators.tasks import EMPTY, TaskTable
 

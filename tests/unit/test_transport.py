@@ -16,12 +16,12 @@ from torch.utils.data import default_collate
 from torch.utils.data._utils import worker as torch_worker
 
 import steadyload
-from steadyload.engine import torch_hooks
 from steadyload.engine.protocol import NewSegment
 from steadyload.engine.transport import arena as arena_module
 from steadyload.engine.transport import channel, storage_table
 from steadyload.engine.transport import segments as transport
 from steadyload.engine.transport.segments import Arena, SegmentMap
+from steadyload.engine.worker import torch_hooks
 
 pytestmark = pytest.mark.skipif(not transport.HAVE_MEMFD, reason="memfd is Linux-only")
 

@@ -35,8 +35,8 @@ from ..events import Died, GlobalRngDrawn, Received, ServerDied, WorkersChosen
 from ..pool import PROCESS, THREAD, Kind, wait_any
 from ..process.pool import ProcessPool
 from ..protocol import Empty, Exhausted, Failed
-from ..status import Progress
 from ..thread.pool import ThreadPool
+from ..worker.status import Progress
 from .worker_kind import GilProbe, WorkerChoice, chose, leans_to_processes, live_choice
 
 _LOG = logging.getLogger(__name__)

@@ -199,7 +199,7 @@ def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | 
     """The choice when it needs no measurement, else None (start on threads and watch)."""
     from torch.utils.data import IterableDataset
 
-    from ..fetch import stateful
+    from ..worker.fetch import stateful
 
     if max_worker_memory is not None:
         return chose("process", "max_worker_memory needs workers with memory of their own")

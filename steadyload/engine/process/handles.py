@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
-from ..._system import close_fds, pidfd_open
+from ...host.system import close_fds, pidfd_open
 from ...start.servers import ServerRef
 from ..events import Received, ReceiveFailed
 from ..protocol import Done, Stop
-from ..status import StatusBlock
 from ..transport import channel
 from ..transport.segments import SegmentMap
+from ..worker.status import StatusBlock
 
 
 class WorkerView:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from ... import limits
+from ...host import limits
 from ...pickling import unimportable_main_hidden
 from ...start import servers
 from ...start.launch import StartStalled
@@ -32,8 +32,8 @@ from ..config import Deferred, WorkerConfig
 from ..events import Died, ServerDied, ServerGone
 from ..pool import PROCESS, Kind, wait_any
 from ..protocol import Reset, Restore, Task
-from ..status import Progress, StatusBlock
 from ..transport import channel
+from ..worker.status import Progress, StatusBlock
 from .handles import Handle, WorkerView
 from .lifecycle import teardown
 from .server_watch import ServerWatch

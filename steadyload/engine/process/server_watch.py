@@ -13,7 +13,7 @@ from __future__ import annotations
 import select
 from collections.abc import Iterator
 
-from ..._system import close_fds, pidfd_open
+from ...host.system import close_fds, pidfd_open
 from ...start import servers
 from ...start.servers import ServerRef
 

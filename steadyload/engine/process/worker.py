@@ -24,7 +24,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -32,17 +31,17 @@ from typing import Any
 import torch
 
 from ..._seeding import SampleSeeder
-from ...describe import describe_exception, format_traceback
+from ...diagnosis.describe import describe_exception, format_traceback
 from ...memory import descriptors
-from .. import loop, torch_hooks
 from ..config import Deferred, WorkerConfig
 from ..protocol import Done, NewSegment, Ready, Retire, StartFailed, Stop
-from ..status import WorkerStatus
 from ..transport import channel
 from ..transport.segments import HAVE_MEMFD, Arena, announce, announced
+from ..worker import loop, torch_hooks
+from ..worker.memory_cap import MemoryCap
+from ..worker.status import WorkerStatus
 
 _LOG = logging.getLogger(__name__)
-_MEMORY_CHECK_INTERVAL_S = 0.25
 
 
 class _WorkerTag(logging.Filter):
@@ -101,44 +100,6 @@ def _preload_missing(requested: tuple[str, ...]) -> tuple[str, ...] | None:
     if not probe.IN_FORK_SERVER:
         return None  # the fork server was not started by steadyload: unknown
     return tuple(m for m in requested if m not in probe.IMPORTED)
-
-
-def _uss_bytes() -> int:
-    import psutil
-
-    return int(psutil.Process().memory_full_info().uss)  # reads smaps: milliseconds
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm", "rb") as f:  # microseconds
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class _MemoryCap:
-    """Decides after each task whether the worker's USS passed the cap, cheaply.
-
-    RSS >= USS, so while RSS (cheap to read) is under the cap nothing more is needed. Above
-    it, USS (costly: it reads smaps) is measured when RSS grew by 5% of the cap since the
-    last measurement, or after _MEMORY_CHECK_INTERVAL_S.
-    """
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self._measured_at = 0.0
-        self._rss_then = 0
-
-    def exceeded(self) -> int | None:
-        """The USS when it is above the cap, else None."""
-        rss = _rss_bytes()
-        if rss <= self.cap:
-            return None
-        now = time.monotonic()
-        grown = rss - self._rss_then >= 0.05 * self.cap
-        if not grown and now - self._measured_at < _MEMORY_CHECK_INTERVAL_S:
-            return None
-        self._measured_at, self._rss_then = now, rss
-        uss = _uss_bytes()
-        return uss if uss > self.cap else None
 
 
 def _receive_descriptors(sock: socket.socket, count: int) -> bool:
@@ -232,7 +193,7 @@ class ProcessLink:
         self._arena = arena
         self._preload = cfg.preload
         cap = cfg.max_memory_bytes
-        self._cap = _MemoryCap(cap) if cap is not None else None
+        self._cap = MemoryCap(cap) if cap is not None else None
 
     def ready(self) -> None:
         """Set-up done: freeze what it made, then say `Ready`."""

@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from ..._seeding import SampleSeeder
-from ...describe import describe_exception, format_traceback
-from .. import loop, torch_hooks
+from ...diagnosis.describe import describe_exception, format_traceback
 from ..config import WorkerConfig
-from ..process.worker import _MemoryCap, _rss_bytes
 from ..protocol import Done, Ready, Retire, StartFailed, Stop, Task
-from ..status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK
+from ..worker import loop, torch_hooks
+from ..worker.memory_cap import MemoryCap, rss_bytes
+from ..worker.status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK
 
 CONTROL = "steadyload-control"
 """The concurrency group of `stack`: answered while the loop is busy."""
@@ -63,7 +63,7 @@ class RemoteLink:
     def __init__(self, worker: RemoteWorker, cfg: WorkerConfig) -> None:
         self._worker = worker
         cap = cfg.max_memory_bytes
-        self._cap = _MemoryCap(cap) if cap is not None else None
+        self._cap = MemoryCap(cap) if cap is not None else None
         self._retire: Retire | None = None
 
     def receive(self) -> object:
@@ -95,7 +95,7 @@ class RemoteLink:
     def send_batch(self, done: Done, packed: Any) -> None:
         """The batch and its `Done` (with this process's memory), to the call that
         carried the task."""
-        done = dataclasses.replace(done, rss_bytes=_rss_bytes())
+        done = dataclasses.replace(done, rss_bytes=rss_bytes())
         self._worker.answer(done.task_id, (done, packed, self._notices()))
 
     def _notices(self) -> tuple[object, ...]:

@@ -13,8 +13,8 @@ import dataclasses
 from typing import Any
 
 from ...errors import WorkerDiedError
-from ..loop import failed_outcome
 from ..protocol import Failed
+from ..worker.loop import failed_outcome
 from .actor import CONTROL
 
 _LOGS = "Ray's logs on that node (/tmp/ray/session_latest/logs/, worker-*-{pid}.err and raylet.out)"

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..events import ServerDied
 from ..pool import Kind, ServerPool, WorkerPool, wait_any
-from ..status import Progress
+from ..worker.status import Progress
 from .pool import RemotePool
 
 

@@ -33,11 +33,11 @@ from typing import Any
 
 from ..config import WorkerConfig
 from ..events import Died, NodeLost, Received
-from ..fetch import MAP, stateful
 from ..pool import REMOTE, Kind
 from ..protocol import Done, Reset, Restore, Retire, StartFailed, Stop, Task
-from ..status import Progress
-from ..thread.worker import Outbox
+from ..transport.outbox import Outbox
+from ..worker.fetch import MAP, stateful
+from ..worker.status import Progress
 from . import causes, sharing
 from .actor import CONTROL
 from .records import RemoteView, _Actor, dumps_config

@@ -11,7 +11,7 @@ from typing import Any
 
 from ...pickling import diagnose
 from ..config import WorkerConfig
-from ..status import FLAGS, IDLE, INIT, LOADING, POSITION, STAGE, TASK, Progress
+from ..worker.status import FLAGS, IDLE, INIT, LOADING, POSITION, STAGE, TASK, Progress
 from .spec import RemoteWorkers
 
 _LOG = logging.getLogger("steadyload.engine.remote.pool")

@@ -13,7 +13,7 @@ What threads change:
   ``__getitem__`` must be thread-safe); an IterableDataset gets a replica per thread
   (`copy.deepcopy`), as each worker process has its own, since ``iter()`` state and
   `worker_init_fn`'s sharding write to it.
-- `get_worker_info()` answers per thread (../torch_hooks.py); the process-wide random
+- `get_worker_info()` answers per thread (../worker/torch_hooks.py); the process-wide random
   generators are the training loop's: never reseeded for a thread, and put back after the
   threads' set-up (``worker_init_fn``); each thread has its own
   (``get_worker_info().rng``: torch's container for thread workers).
@@ -44,13 +44,14 @@ import torch
 from ...pickling import not_copyable
 from ..config import WorkerConfig
 from ..events import Died, GlobalRngDrawn
-from ..fetch import ITERABLE, stateful
 from ..pool import THREAD, Kind
 from ..protocol import Reset, Restore, Stop, Task
-from ..status import IDLE, Progress
-from ..torch_hooks import install_per_thread
+from ..transport.outbox import Outbox
+from ..worker.fetch import ITERABLE, stateful
+from ..worker.status import IDLE, Progress
+from ..worker.torch_hooks import install_per_thread
 from .sharing import drawn, global_rngs, process_rngs, restore_default, restore_rngs
-from .worker import Outbox, WorkerThread, thread_main
+from .worker import WorkerThread, thread_main
 
 _JOIN_S = 2.0  # how long shutdown waits for a thread that is inside a dataset call
 DRAW_CHECKS = 256

@@ -1,16 +1,15 @@
-"""A thread worker: its record (`WorkerThread`), its `loop.Link` and the queue its outcomes go
-to (`Outbox`).
+"""A thread worker: its record (`WorkerThread`) and its `loop.Link`; its outcomes go to the
+pool's `Outbox` (../transport/outbox.py).
 
 A thread runs the one worker loop (../loop.py) like a process does; its link hands the
 collated batch over as an object (no pickling, no shared memory). Seeding touches only the
-thread's own generators (torch_hooks.py).
+thread's own generators (../worker/torch_hooks.py).
 """
 
 from __future__ import annotations
 
 import os
 import queue
-import socket
 import threading
 import time
 import traceback
@@ -19,14 +18,14 @@ from typing import Any
 import numpy as np
 
 from ..._seeding import SampleSeeder
-from ...describe import describe_exception
+from ...diagnosis.describe import describe_exception
 from ...per_worker import enter_thread_worker
-from .. import loop, torch_hooks
 from ..config import WorkerConfig
 from ..events import Died, Received
-from ..interrupts import interrupts_allowed
 from ..protocol import Done, Ready, Stop
-from ..status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK, Progress
+from ..transport.outbox import Outbox
+from ..worker import loop, torch_hooks
+from ..worker.status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK, Progress
 from . import sharing
 
 
@@ -59,66 +58,6 @@ class WorkerThread:
         """What the thread is doing now (status.py's fields)."""
         f = self.fields
         return Progress(int(f[TASK]), int(f[POSITION]), int(f[STAGE]), int(f[STARTED_NS]), 0)
-
-
-class Outbox:
-    """The worker threads' events, with two ways to wait for them: `wait` (threads alone:
-    an event object, no byte sent per event) and a socket that turns readable when one is queued
-    while a poll waits for it (`ThreadPool.waitables`), so one poll can wait for threads,
-    processes and a signal together (`HandoverPool`)."""
-
-    def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[tuple[int, int, object]] = queue.SimpleQueue()
-        self._r, self._w = socket.socketpair()
-        self._r.setblocking(False)
-        self._w.setblocking(False)
-        self.armed = False
-        """Whether a wait on the socket may come: only then is a byte sent per event (a
-        system call saved otherwise). Arm before looking at the queue one last time, and an
-        event queued after that look sends its byte."""
-        self._waiting = False  # `wait` is under way: an event sets `_queued`
-        self._queued = threading.Event()
-
-    def wait(self, timeout_s: float | None) -> None:
-        """Block until an event is queued or ``timeout_s`` passes; dequeues nothing, so a
-        Ctrl-C landing here loses nothing (engine/interrupts.py). [Unit: second]"""
-        self._queued.clear()
-        self._waiting = True  # before the last look: an event queued after it sets the flag
-        try:
-            if self.queue.empty():
-                with interrupts_allowed():
-                    self._queued.wait(timeout_s)
-        finally:
-            self._waiting = False
-
-    def put(self, item: tuple[int, int, object]) -> None:
-        """Queue an event (any thread)."""
-        self.queue.put(item)
-        if self._waiting:
-            self._queued.set()  # a lock release: cheaper than a byte on the socket
-        if not self.armed:
-            return
-        try:
-            self._w.send(b"\0")
-        except OSError:  # full (its reader drains it at each wait), or closed at shutdown
-            pass
-
-    def fileno(self) -> int:
-        """The descriptor to wait on (readable: events may be queued)."""
-        return self._r.fileno()
-
-    def drain(self) -> None:
-        """Empty the wake-up bytes (the events stay queued)."""
-        try:
-            while self._r.recv(4096):
-                pass
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        """Close the socket pair (a later `put` still queues; its byte is dropped)."""
-        self._r.close()
-        self._w.close()
 
 
 class ThreadLink:

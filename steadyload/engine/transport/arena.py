@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ... import limits
+from ...host import limits
 from . import storage_table
 
 _ALIGN = 64

@@ -11,9 +11,9 @@ import dataclasses
 import multiprocessing.context
 from typing import Any
 
-from .engine.choice.worker_kind import WorkerChoice, static_choice
-from .engine.factory import THREADS, PoolPlan
-from .start.context import StartInfo, resolve_context, warms_in_background
+from ...start.context import StartInfo, resolve_context, warms_in_background
+from ..factory import THREADS, PoolPlan
+from .worker_kind import WorkerChoice, static_choice
 
 
 class WorkerPlans:

@@ -1,4 +1,5 @@
-"""Turn the evidence about a failed worker into a message: what happened, why, what to do.
+"""A process worker's death: its exit code or signal, with the evidence (memory, OOM kills,
+/dev/shm, a native crash's stack, the libraries loaded) -> what happened, why, what to do.
 
 The first line of each message keeps the words torch's DataLoader uses for the same event
 ("DataLoader worker (pid N) is killed by signal: Killed.") so that log searches and
@@ -12,9 +13,9 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._system import Space, gib
-from .describe import format_indices, signal_name
-from .errors import WorkerDiedError, WorkerHangError
+from ..errors import WorkerDiedError
+from ..host.system import Space, gib
+from .describe import format_indices, signal_name, tail
 
 
 def _torch_first_line(pid: int | None, exitcode: int | None) -> str:
@@ -59,13 +60,6 @@ def _memory_figure(ev: Evidence) -> str:
         return "its memory was not measured before it died"
     limit = f" of a {gib(ev.memory_limit_bytes)} limit" if ev.memory_limit_bytes else ""
     return f"its last measured memory was {gib(ev.rss_bytes)}{limit}"
-
-
-def _tail(text: str, lines: int = 25) -> str:
-    # faulthandler ends with the list of loaded extension modules: not worth the space.
-    body = [line for line in text.strip().splitlines() if not line.startswith("Extension modules")]
-    kept = body[-lines:]
-    return "\n".join("    " + line for line in kept)
 
 
 def _cause_and_fix(exitcode: int | None, start_method: str, ev: Evidence) -> tuple[str, str]:
@@ -121,7 +115,7 @@ def _cause_and_fix(exitcode: int | None, start_method: str, ev: Evidence) -> tup
             libs = f" Loaded crash-prone native libraries: {', '.join(ev.libraries)}."
         stack = ""
         if ev.stacks.strip():
-            stack = f"\nWorker stack at the crash (faulthandler):\n{_tail(ev.stacks)}"
+            stack = f"\nWorker stack at the crash (faulthandler):\n{tail(ev.stacks)}"
         cause = (
             f"{name} is a crash in native code (a C/C++ extension used by the dataset, or a "
             f"library that is not safe to use after fork).{libs}{stack}"
@@ -227,174 +221,3 @@ def worker_died(
     )
 
 
-def thread_died(
-    *,
-    worker_id: int,
-    raised: str,
-    traceback: str,
-    sample: object,
-    sample_indices: Sequence[object],
-    batches_held: int,
-    outcome: str = "",
-) -> WorkerDiedError:
-    """Build the `WorkerDiedError` for a thread worker ended by an exception that is not a
-    dataset error (``SystemExit``, ``KeyboardInterrupt``: `BaseException`, not `Exception`)."""
-    plural = "es" if batches_held != 1 else ""
-    what = (
-        f"while loading sample {sample!r}" if sample is not None
-        else f"while it held {batches_held} batch{plural} "
-        f"(samples {format_indices(sample_indices)})" if batches_held
-        else "while it held no batch"
-    )
-    message = (
-        f"steadyload: thread worker {worker_id} ended: {raised} was raised {what}.\n"
-        "Why: it is not an Exception (sys.exit(), KeyboardInterrupt and other BaseExceptions "
-        "end the worker; a process worker would exit), so it is not a dataset error that "
-        "on_error can skip.\n"
-        "Fix: raise an Exception for a bad sample (on_error='skip' then leaves it out).\n"
-        f"Its traceback:\n{_tail(traceback, 30)}"
-    )
-    if outcome:
-        message += f"\n{outcome}"
-    return WorkerDiedError(
-        message, worker_id=worker_id, pid=None, exitcode=None, signal_name=None,
-        sample_indices=sample_indices,
-        evidence={"raised": raised, "batches_held": batches_held, "sample": sample},
-    )
-
-
-def timed_out(
-    *, timeout_s: float, worker_id: int | None, pid: int | None, sample_indices: Sequence[object]
-) -> WorkerHangError:
-    """Build the error for torch's ``timeout``: no batch arrived within ``timeout_s``."""
-    where = (
-        f"worker {worker_id} (pid {pid}) has held the next batch (samples "
-        f"{format_indices(sample_indices)}) for that long"
-        if worker_id is not None
-        else "no worker held the next batch"
-    )
-    message = (
-        f"DataLoader timed out after {timeout_s} seconds\n"
-        f"steadyload: {where}.\n"
-        "Likely cause: a sample that takes longer than the timeout to load, or a worker "
-        "stuck on I/O, a lock or a deadlock.\n"
-        "Fix: raise `timeout`, or find the slow sample by loading it with num_workers=0."
-    )
-    return WorkerHangError(
-        message, timeout_s=timeout_s, worker_id=worker_id, sample_indices=sample_indices
-    )
-
-
-def worker_hung(
-    *,
-    worker_id: int,
-    pid: int | None,
-    hang_timeout_s: float | None,
-    sample: object,
-    sample_indices: Sequence[object],
-    stack: str,
-    times: int,
-    thread: bool = False,
-    starting: str = "",
-) -> WorkerHangError:
-    """Build the `WorkerHangError` for a task that outlived ``hang_timeout`` ``times`` times
-    (``thread``: in a thread worker, which cannot be killed and was abandoned; ``starting``:
-    the worker hung outside any task, "in worker_init_fn" or "in iter(dataset)")."""
-    what = (
-        f"sample {sample!r}" if sample is not None
-        else f"samples {format_indices(sample_indices)}"
-    )
-    doing = f"starting ({starting})" if starting else f"loading {what}"
-    culprit = (
-        "a worker_init_fn or __iter__ that never returns" if starting
-        else "a sample that never finishes loading"
-    )
-    again = "twice, on two fresh workers" if times >= 2 else "and no restart was left"
-    who = f"thread worker {worker_id}" if thread else f"worker {worker_id} (pid {pid})"
-    where = (
-        "Where it was stuck (most recent call last):" if thread
-        else "Where it was stuck (all threads, most recent call first):"
-    )
-    abandoned = (
-        "A thread cannot be killed: steadyload abandoned it (it runs on until that call "
-        "returns, then exits; its batch is dropped).\n" if thread else ""
-    )
-    message = (
-        f"steadyload: {who} hung while {doing}: it ran for "
-        f"more than hang_timeout={hang_timeout_s} s {again}.\n"
-        f"{where}\n{_tail(stack, 40)}\n{abandoned}"
-        f"Likely cause: {culprit} (an endless loop, a network or disk read without a "
-        "timeout, a lock held forever, a deadlock in a native library).\n"
-        "Fix: look at the innermost frames above; add a timeout to the I/O, or raise "
-        "hang_timeout if such samples are just slow."
-    )
-    return WorkerHangError(
-        message, timeout_s=hang_timeout_s or 0.0, worker_id=worker_id,
-        sample_indices=sample_indices,
-    )
-
-
-def server_died(
-    *,
-    method: str,
-    pid: int,
-    exitcode: int | None,
-    worker_pids: Sequence[int | None],
-    batches_held: int,
-    outcome: str,
-) -> WorkerDiedError:
-    """The error (or log text) for a fork server that died, taking its workers with it."""
-    name = signal_name(exitcode)
-    how = (
-        f"was killed by {name}"
-        if name
-        else f"exited with status {exitcode}"
-        if exitcode is not None
-        else "exited"
-    )
-    server = (
-        "fork server"
-        if method == "forkserver"
-        else "zygote (the fork server forked from this process)"
-    )
-    if name == "SIGTERM":
-        cause = (
-            "a job scheduler or supervisor terminated the process group (preemption, a time "
-            "limit); this process got the signal too unless it handles SIGTERM."
-        )
-        fix = (
-            "if the job is being preempted, handle SIGTERM in the training script: save a "
-            "checkpoint (with loader.state_dict()) and exit; otherwise find who sends it."
-        )
-    elif name == "SIGKILL":
-        cause = (
-            "another process sent SIGKILL: the out-of-memory killer (`dmesg` says 'Out of "
-            "memory: Killed process'), a job scheduler or a user's kill -9."
-        )
-        fix = (
-            "find out who sends it; if memory ran out, lower num_workers or what the fork "
-            "server preloads (steadyload.prestart([...]))."
-        )
-    else:
-        cause = "the server process crashed or exited; its stderr, if any, is above."
-        fix = "run `steadyload doctor`; compare with start_method='spawn'."
-    pids = ", ".join(str(p) for p in worker_pids)
-    plural = "es" if batches_held != 1 else ""
-    message = (
-        f"DataLoader worker (pid(s) {pids}) exited unexpectedly\n"
-        f"steadyload: the {server} (pid {pid}) that starts the workers {how}; its "
-        f"{len(worker_pids)} worker(s) went with it, holding {batches_held} batch{plural}. "
-        "No sample was at fault.\n"
-        f"Likely cause: {cause}\nFix: {fix}"
-    )
-    if outcome:
-        message += f"\n{outcome}"
-    return WorkerDiedError(
-        message,
-        worker_id=-1,
-        pid=pid,
-        exitcode=exitcode,
-        signal_name=name,
-        sample_indices=[],
-        evidence={"start_method": method, "server_pid": pid, "worker_pids": list(worker_pids)},
-    )

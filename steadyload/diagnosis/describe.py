@@ -46,3 +46,11 @@ def format_indices(indices: Sequence[object]) -> str:
     shown = ", ".join(repr(i) for i in indices[:_MAX_INDICES_SHOWN])
     more = len(indices) - _MAX_INDICES_SHOWN
     return f"[{shown}, ... {more} more]" if more > 0 else f"[{shown}]"
+
+
+def tail(text: str, lines: int = 25) -> str:
+    """The last ``lines`` lines of ``text``, indented (a stack in a message)."""
+    # faulthandler ends with the list of loaded extension modules: not worth the space.
+    body = [line for line in text.strip().splitlines() if not line.startswith("Extension modules")]
+    kept = body[-lines:]
+    return "\n".join("    " + line for line in kept)

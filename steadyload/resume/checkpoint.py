@@ -28,9 +28,9 @@ from typing import Any
 import torch
 import torch.utils.data as tud
 
+from ..engine.remote.spec import all_workers
+from ..engine.worker.fetch import ITERABLE, restore_replica
 from . import shards
-from .engine.fetch import ITERABLE, restore_replica
-from .engine.remote.spec import all_workers
 from .epoch_order import (
     GLOBAL,
     EpochStart,

@@ -22,10 +22,10 @@ import pickle
 import time
 from typing import Any, Protocol
 
-from ..describe import describe_exception, format_traceback
-from .config import WorkerConfig
+from ...diagnosis.describe import describe_exception, format_traceback
+from ..config import WorkerConfig
+from ..protocol import Done, Empty, Exhausted, Failed, Reset, Restore, Stop, Task
 from .fetch import ITERABLE, AllSkipped, Fetcher, start_fetching
-from .protocol import Done, Empty, Exhausted, Failed, Reset, Restore, Stop, Task
 from .status import SENDING, STAGE
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch.utils.data as tud
 
-from .engine.fetch import ITERABLE, stateful
-from .engine.remote.spec import all_workers
+from ..engine.remote.spec import all_workers
+from ..engine.worker.fetch import ITERABLE, stateful
 from .epoch_order import YieldedBatches
 
 

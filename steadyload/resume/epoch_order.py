@@ -22,8 +22,8 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data.distributed import DistributedSampler
 
+from ..engine.worker.fetch import ITERABLE, stateful
 from . import shards
-from .engine.fetch import ITERABLE, stateful
 from .shards import qualname
 
 GLOBAL = "torch.global"  # key of torch's default CPU generator in the saved RNG states

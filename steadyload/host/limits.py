@@ -1,5 +1,5 @@
 """When something gives out besides the dataset: descriptors, memory mappings, a worker's
-start. Each builder says what happened, why and what to do, like `diagnosis.py` does for
+start. Each builder says what happened, why and what to do, like `diagnosis/` does for
 dead and hung workers (and dead fork servers).
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import errno as errnos
 import resource
 
-from ._system import fd_limits, gib, max_map_count, memory_mappings, open_fds
-from .errors import SharedMemoryError, WorkerStartError
+from ..errors import SharedMemoryError, WorkerStartError
+from .system import fd_limits, gib, max_map_count, memory_mappings, open_fds
 
 
 def start_refused(*, worker_id: int, method: str, exc: BaseException) -> WorkerStartError:

@@ -14,10 +14,10 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._seeding import StreamItem
-from ..describe import describe_exception, format_indices
-from ..report import SkippedSample, StreamCut
-from .config import WorkerConfig
+from ..._seeding import StreamItem
+from ...diagnosis.describe import describe_exception, format_indices
+from ...report import SkippedSample, StreamCut
+from ..config import WorkerConfig
 from .status import COLLATING, IDLE, INIT, ITER, POSITION, STAGE, starting
 
 MAP = 0
