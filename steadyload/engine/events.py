@@ -1,5 +1,5 @@
-"""What the pool reports besides workers' other messages: received batches, deaths
-and failures to receive.
+"""What the pool reports besides workers' other messages: received batches, deaths (one
+`Died` for every kind, its `Cause` the kind's own) and failures to receive.
 
 `ProcessPool.wait` returns ``(worker_id, event)`` pairs; these are the events the parent
 itself makes (the workers' own messages are in protocol.py).
@@ -8,8 +8,10 @@ itself makes (the workers' own messages are in protocol.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+from ..diagnosis import Evidence
+from ..errors import WorkerDiedError
 from .protocol import Done
 from .worker.status import Progress
 
@@ -41,52 +43,84 @@ class GlobalRngDrawn:
     dataset_type: type
 
 
+Lost = tuple[tuple[int, int | None, Progress | None], ...]
+"""(worker id, pid, what it was doing) of each worker a group death took."""
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """What a death cost, as recovery counts it: what `Cause.explain` words."""
+
+    worker_id: int
+    pid: int | None
+    sample: Any
+    """The sample the worker was loading, when known."""
+    sample_indices: list[Any]
+    batches_held: int
+    stream_batches: list[int]
+    """A stream's held batches by their number in the epoch (its items have no indices)."""
+    evidence: Evidence
+    """What the machine and the memory sampler say (memory, OOM kills, /dev/shm, stage)."""
+    outcome: str = ""
+    """What steadyload did about it (a restart, a skip, nothing), as the message's last line."""
+
+
+@runtime_checkable
+class Cause(Protocol):
+    """Why a worker, or a group of workers, is gone. Each kind has its own, in its
+    ``liveness`` module (a process's exit status or signal, a thread's escaped exception or
+    abandonment, a Ray actor's or node's death, a fork server's death); recovery reads only
+    these fields, so it is one code for every kind."""
+
+    @property
+    def short(self) -> str:
+        """What happened, for the restart list and the log: "killed by SIGKILL"."""
+
+    @property
+    def name(self) -> str:
+        """The shortest form, in a skipped sample's reason: "SIGKILL", "exit status 3"."""
+
+    @property
+    def blames_sample(self) -> bool:
+        """Whether the batch it was loading may have caused it (only then does a death
+        count toward "killed a worker twice"; a lost node or fork server does not)."""
+
+    @property
+    def clean(self) -> bool:
+        """Whether the worker ended of its own accord (after it said `Retire`)."""
+
+    @property
+    def group(self) -> Lost:
+        """The workers lost with it (a fork server's, a Ray node's); empty for one worker."""
+
+    def heal(self, pool: Any) -> tuple[str, ...]:
+        """Restart what the group came from (a fork server) before its workers are
+        replaced; the preloads the new one was asked for (empty: nothing to restart)."""
+
+    def explain(self, loss: Loss) -> WorkerDiedError:
+        """The error that says what happened, why and what to do, for this ``loss``."""
+
+
 @dataclass(frozen=True, slots=True)
 class Died:
-    """Event: the worker process exited, with what the parent knows about its last moments."""
+    """Event: a worker (``worker_id`` -1: a group of them, listed in ``cause.group``) is
+    gone, with what the parent knows about its last moments. One event for every kind."""
 
-    exitcode: int | None
+    kind: str
+    """The kind of worker that died: "process", "thread", "remote" (after auto's hand-over
+    a thread may die while processes run, and the reverse)."""
+    worker_id: int
     pid: int | None
-    progress: Progress | None = None
-    stacks: str = ""
-    """What faulthandler wrote: a native crash's stack, or a hang dump."""
-    libraries: tuple[str, ...] = ()
-    """Crash-prone native libraries the worker had loaded."""
-    kind: str = "process"
-    """The kind of worker that died: "process", or "thread" (an escaped exception or an
-    abandoned hang; ``exitcode`` None)."""
-    raised: str = ""
-    """A thread's: what escaped the dataset's code ("SystemExit: 3"); empty for a hang."""
-    remote: Any = None
-    """A remote worker's (``kind`` "remote"): why it is gone (`remote.causes.RemoteCause`)."""
+    progress: Progress | None
+    cause: Cause
 
-
-@dataclass(frozen=True, slots=True)
-class ServerDied:
-    """Event (worker id -1): the fork server (or zygote) the workers come from has exited.
-
-    Every worker started by it is reported gone at once (their exit codes, which only the
-    server knew, are lost); none of them is a `Died` of its own.
-    """
-
-    method: str
-    """"forkserver" or "zygote"."""
-    pid: int
-    exitcode: int | None
-    """Its exit code (negative: the signal); None when unknown (reaped by someone else)."""
-    workers: tuple[tuple[int, int | None, Progress | None], ...]
-    """(worker id, pid, what it was doing) of each worker it took with it."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeLost:
-    """Event (worker id -1): a Ray node left the cluster with remote workers on it: one
-    event for all of them, not one death each."""
-
-    cause: Any
-    """Why (`remote.causes.RemoteCause`): the node, its address, Ray's reason."""
-    workers: tuple[tuple[int, int | None, Progress | None], ...]
-    """(worker id, pid, what it was doing) of each remote worker it took with it."""
+    @property
+    def workers(self) -> list[int]:
+        """Every worker id this death took, in order."""
+        ids = {w for w, _, _ in self.cause.group}
+        if self.worker_id >= 0:
+            ids.add(self.worker_id)
+        return sorted(ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +142,6 @@ class ReceiveFailed:
 class ServerGone(Exception):
     """Internal: a worker could not start because its fork server died; carries the event."""
 
-    def __init__(self, event: ServerDied) -> None:
-        super().__init__(f"the {event.method} (pid {event.pid}) died")
+    def __init__(self, event: Died) -> None:
+        super().__init__(f"{event.cause.short} (pid {event.pid})")
         self.event = event

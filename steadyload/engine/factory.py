@@ -103,7 +103,7 @@ def _local_pool(
         try:
             process_pool.start()
         except ServerGone as gone:  # found dead at the start: one restart, then as usual
-            process_pool.restart_server(gone.event)
+            gone.event.cause.heal(process_pool)
             process_pool = ProcessPool(plan.context, config, num_workers)
             process_pool.start()
         return process_pool

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from .events import ServerDied
 from .interrupts import interrupts_allowed
 from .transport import channel
 from .worker.status import Progress
@@ -93,7 +92,8 @@ class WorkerPool(Protocol):
     def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
         """The events behind ``ready`` (what the poll returned) and any queued; never
         blocks. Events are ``(worker_id, event)``: a protocol message (a `Done` comes back
-        as `Received`), `Died`, `ReceiveFailed`, or pool-wide events with worker id -1."""
+        as `Received`), `Died` (worker id -1: a group of workers died together), `ReceiveFailed`,
+        or pool-wide events with worker id -1."""
 
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
         """Block until events arrive or ``timeout_s`` passes (`wait_any`). [Unit: second]"""
@@ -115,8 +115,9 @@ class WorkerPool(Protocol):
 class ServerPool(Protocol):
     """A pool whose workers come from a fork server (or zygote) that can die under them."""
 
-    def restart_server(self, dead: ServerDied) -> tuple[str, ...]:
-        """Start a new server in place of ``dead``; the preloads it was asked for."""
+    def restart_server(self, method: str, pid: int) -> tuple[str, ...]:
+        """Start a new server in place of the dead one (``method``, ``pid``); the preloads
+        it was asked for."""
 
 
 def wait_any(pools: Sequence[WorkerPool], timeout_s: float | None) -> list[tuple[int, object]]:

@@ -13,15 +13,7 @@ import logging
 import time
 from typing import Any
 
-from ..engine.events import (
-    Died,
-    GlobalRngDrawn,
-    NodeLost,
-    Received,
-    ReceiveFailed,
-    ServerDied,
-    WorkersChosen,
-)
+from ..engine.events import Died, GlobalRngDrawn, Received, ReceiveFailed, WorkersChosen
 from ..engine.pool import WorkerPool
 from ..engine.protocol import Empty, Exhausted, Failed, Ready, Retire, StartFailed
 from ..engine.thread.sharing import warn_global_draws
@@ -42,10 +34,17 @@ class Outcomes:
     """Records pool events in the task table and the run record."""
 
     def __init__(
-        self, table: TaskTable, record: RunRecord, recovery: Recovery, *,
-        guard: SkipGuard, empty: EmptyBatches, stream_state: dict[int, bytes],
-        ended: dict[int, bytes | None], in_flight: tuple[int, int],
-    ) -> None:  # fmt: skip
+        self,
+        table: TaskTable,
+        record: RunRecord,
+        recovery: Recovery,
+        *,
+        guard: SkipGuard,
+        empty: EmptyBatches,
+        stream_state: dict[int, bytes],
+        ended: dict[int, bytes | None],
+        in_flight: tuple[int, int],
+    ) -> None:
         self._table = table
         self._record = record
         self._recovery = recovery
@@ -67,12 +66,11 @@ class Outcomes:
             case Received(done=done, batch=batch):
                 self._record_skips(done.skipped)
                 self._guard.delivered()
-                task = table.settle(done.task_id, batch)
+                task = table.settle(done.task_id, batch, stream_state=done.stream_state)
                 if task is None:
                     return False
                 if done.stream_state is not None:
                     self._stream_state[worker_id] = done.stream_state
-                    task.stream_state = done.stream_state
                 record.loaded(worker_id, done.samples, done.load_s)
                 if done.rss_bytes:
                     record.rss[worker_id] = done.rss_bytes
@@ -89,25 +87,20 @@ class Outcomes:
                     raise outcome  # the worker ran out: no batch can cross any more
             case Empty():
                 self._record_skips(event.skipped)
-                task = table.settle(event.task_id, EMPTY)
+                task = table.settle(event.task_id, EMPTY, stream_state=event.position)
                 if task is not None and event.position is not None:
-                    self._stream_state[worker_id] = task.stream_state = event.position
+                    self._stream_state[worker_id] = event.position
             case Exhausted():
                 self._record_skips(event.skipped)
                 if event.cut is not None:
                     record_cut(record, event.cut)
-                if table.settle(event.task_id) is not None:
-                    table.active[worker_id] = False
+                if table.end_stream(worker_id, event.task_id):
                     self._ended.setdefault(worker_id, event.position)  # the first: the end
                     return True
             case Ready():
                 self._on_ready(pool, worker_id, event)
             case Died():
-                self._recovery.on_died(pool, worker_id, event)
-            case ServerDied():
-                self._recovery.on_server_died(pool, event)
-            case NodeLost():
-                self._recovery.on_node_lost(pool, event)
+                self._recovery.on_died(pool, event)
             case Retire():
                 self._recovery.retiring[worker_id] = event.uss_bytes
             case WorkersChosen():
@@ -119,15 +112,22 @@ class Outcomes:
                 warn_global_draws(event.dataset_type)
             case ReceiveFailed():
                 raise limits.shared_memory_exhausted(
-                    worker_id=worker_id, error=event.errno, detail=event.detail,
-                    where="main process", segments=event.segments,
-                )  # fmt: skip
+                    worker_id=worker_id,
+                    error=event.errno,
+                    detail=event.detail,
+                    where="main process",
+                    segments=event.segments,
+                )
             case StartFailed():
                 raise limits.start_failed(
-                    worker_id=worker_id, pid=pool.pid(worker_id),
-                    method=pool.start_method or pool.kind, type_name=event.type_name,
-                    text=event.text, traceback=event.traceback, error=event.errno,
-                )  # fmt: skip
+                    worker_id=worker_id,
+                    pid=pool.pid(worker_id),
+                    method=pool.start_method or pool.kind,
+                    type_name=event.type_name,
+                    text=event.text,
+                    traceback=event.traceback,
+                    error=event.errno,
+                )
             case _:
                 raise RuntimeError(
                     f"[steadyload internal error] unexpected message {event!r} from worker "
@@ -142,8 +142,9 @@ class Outcomes:
         asked = pool.started_at(worker_id)
         start_s = pool.clock() - asked if asked is not None else None
         record = self._record
-        record.workers[worker_id] = WorkerReport(worker_id, ready.pid, start_s,
-                                                 node=ready.node or None)  # fmt: skip
+        record.workers[worker_id] = WorkerReport(
+            worker_id, ready.pid, start_s, node=ready.node or None
+        )
         record.ready_at.setdefault(worker_id, time.perf_counter())  # a replacement continues
         if ready.preload_missing and record.preload_missing is None:
             _LOG.warning(

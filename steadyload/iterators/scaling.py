@@ -82,7 +82,7 @@ class RemoteScaling:
             return 0
 
     def _step(self, remote: Any) -> int:
-        for w in [w for w in self._draining if self._table.load[w] == 0]:
+        for w in [w for w in self._draining if self._table.load(w) == 0]:
             self._draining.discard(w)
             remote.retire(w)
         joined = [w for w in self._starting if remote.ready(w)]
@@ -95,7 +95,7 @@ class RemoteScaling:
             return len(joined)
         self._next_look = now + rule.INTERVAL_S / 4
         record, live = self._record, self.live()
-        ready = sum(1 for t in self._table.tasks.values() if t.has_outcome)
+        ready = self._table.settled()
         change, stall, rate, reason = self._scaler.observe(
             now, record.wait_s, record.batches, live, ready,
             remote.unplaced() + len(self._starting))

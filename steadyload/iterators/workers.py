@@ -230,10 +230,10 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             return False
         for _ in range(self._num_workers):
             worker_id = next(self._cycle)
-            if table.active[worker_id] and worker_id not in parked:
+            if table.active(worker_id) and worker_id not in parked:
                 if self._in_order or force:
                     break
-                if table.load[worker_id] < max_tasks // (sum(table.active) - len(parked)):
+                if table.load(worker_id) < max_tasks // (table.active_workers() - len(parked)):
                     break
         else:
             return False
@@ -282,14 +282,8 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
     def _next_data_inner(self) -> tuple[Any, TaskEntry]:
         table = self._table
         while True:
-            while table.rcvd < table.next_id:
-                task = table.tasks.get(table.rcvd)
-                if task is not None:
-                    if task.has_outcome or table.active[task.worker_id]:
-                        break
-                    table.drop(table.rcvd)  # its worker's stream ended first
-                table.rcvd += 1
-            else:
+            head = table.next_to_yield()
+            if head is None:
                 for warning in self._memory.end_epoch():
                     _LOG.warning(warning)
                 if not self._persistent_workers:
@@ -297,24 +291,23 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
                 self._progress.ended = dict(self._ended)
                 self._progress.finished = True
                 raise StopIteration
-            task = table.tasks[table.rcvd]
+            task_id, task = head
             if task.has_outcome and self._can_deliver(task):
-                table.yielded(table.rcvd)
-                table.rcvd += 1
+                table.yielded(task_id)
                 return self._deliver(task), task
-            arrived = table.arrived
-            while arrived:  # in_order=False: whatever came first
-                early = table.tasks.get(arrived[0])
-                if early is not None and not self._can_deliver(early):
+            while (early := table.first_arrived()) is not None:  # in_order=False: first come
+                tid, arrived = early
+                if arrived is None:
+                    table.drop_arrived()  # yielded in order meanwhile
+                    continue
+                if not self._can_deliver(arrived):
                     break
-                tid = arrived.popleft()
-                if early is not None:
-                    table.yielded(tid)
-                    return self._deliver(early), early
+                table.yielded(tid)
+                return self._deliver(arrived), arrived
             if table.outstanding == 0 and not self._try_put_index(force=True):
                 # Only batches whose every sample was skipped, and nothing left to load.
                 raise self._guard.nothing_loaded()
-            self._collect(table.rcvd)
+            self._collect(task_id)
 
     def _can_deliver(self, task: TaskEntry) -> bool:
         # A batch whose samples were all skipped is yielded empty, shaped like one that
@@ -377,7 +370,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             watchdog.check_hangs(pool)
             watchdog.check_lost_results(pool)
             if deadline is not None and time.monotonic() >= deadline:
-                task = self._table.tasks.get(awaited)
+                task = self._table.get(awaited)
                 worker_id = task.worker_id if task else None
                 raise diagnosis.timed_out(
                     timeout_s=self._timeout,

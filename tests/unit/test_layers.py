@@ -172,3 +172,33 @@ def test_the_design_map_lists_the_layers_in_order() -> None:
     declared = [name.removeprefix("steadyload.").removeprefix("steadyload") for name in LAYERS]
     shown = [d.removesuffix(".py") for d in drawn]
     assert shown == [d or "__init__" for d in declared], shown
+
+
+def test_only_the_task_table_writes_its_fields() -> None:
+    # The table owns its invariants (iterators/tasks.py): the iterator and its collaborators
+    # change it through its operations. A write is an assignment (plain, augmented, or to an
+    # item) whose target is an attribute of something named like a table or a task.
+    from steadyload.iterators.tasks import TaskEntry, TaskTable
+
+    table = TaskTable(1)
+    fields = set(vars(table)) | {f.lstrip("_") for f in vars(table)} | set(TaskEntry.__slots__)
+    wrong = []
+    for module, path in MODULES.items():
+        if module == "steadyload.iterators.tasks":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            else:
+                continue
+            for target in targets:
+                while isinstance(target, ast.Subscript):
+                    target = target.value
+                if not isinstance(target, ast.Attribute) or target.attr not in fields:
+                    continue
+                owner = ast.unparse(target.value).lower()
+                if "table" in owner or owner.split(".")[-1] in ("task", "t", "entry"):
+                    wrong.append(f"{module}:{node.lineno}: {ast.unparse(target)}")
+    assert not wrong, "written outside the task table:\n" + "\n".join(wrong)

@@ -14,24 +14,56 @@ from steadyload.iterators.tasks import EMPTY, TaskTable
 def test_outstanding_counts_tasks_sent_and_not_settled() -> None:
     table = TaskTable(2)
     a, b = table.add(0, [0, 1], 0), table.add(1, [2, 3], 1)
-    assert (a, b, table.outstanding, table.load) == (0, 1, 2, [1, 1])
-    assert table.settle(a, "batch") is table.tasks[a] and table.outstanding == 1
-    assert table.settle(a, "again") is None and table.tasks[a].outcome == "batch"  # once
+    assert (a, b, table.outstanding, table.load(0), table.load(1)) == (0, 1, 2, 1, 1)
+    assert table.settle(a, "batch") is table.get(a) and table.outstanding == 1
+    assert table.settle(a, "again") is None and table.get(a).outcome == "batch"  # once
     assert [tid for tid, _ in table.held_by(1)] == [b]
     table.skip(b)
-    assert table.tasks[b].outcome is EMPTY and table.outstanding == 0
-    assert table.yielded(a).outcome == "batch" and table.load == [0, 1]
+    assert table.get(b).outcome is EMPTY and table.outstanding == 0 and table.settled() == 2
+    assert table.yielded(a).outcome == "batch" and (table.load(0), table.load(1)) == (0, 1)
 
 
 def test_a_new_epoch_makes_tasks_in_flight_stale_and_drops_their_outcomes() -> None:
     table = TaskTable(2, in_order=False)
     old = table.add(0, [0], 0)
+    table.spend_restart()
     table.new_epoch(1)
-    assert table.rcvd == 1 and table.outstanding == 0 and not table.tasks
+    assert table.outstanding == 0 and table.restarts == 0 and table.next_to_yield() is None
     assert table.settle(old, "late") is None  # dropped, and only once remembered
     new = table.add(0, [1], 0)
     table.settle(new, "fresh")
-    assert table.arrived is not None and list(table.arrived) == [new]
+    assert table.first_arrived() == (new, table.get(new)) and table.epoch == 1
+
+
+def test_tasks_are_yielded_in_order_past_those_of_an_ended_stream() -> None:
+    table = TaskTable(2)
+    a, b, c = table.add(0, [0], 0), table.add(1, [1], 1), table.add(0, [2], 2)
+    assert table.end_stream(1, b) and not table.active(1) and table.active_workers() == 1
+    assert table.next_to_yield() == (a, table.get(a))  # awaited: its worker is active
+    table.settle(a, "A")
+    table.yielded(a)
+    table.settle(c, "C")
+    assert table.next_to_yield() == (c, table.get(c))  # b never comes: passed over
+    table.yielded(c)
+    assert table.next_to_yield() is None
+
+
+def test_out_of_order_arrivals_and_the_restart_budget() -> None:
+    table = TaskTable(2, in_order=False)
+    a, b = table.add(0, [0, 1], 0), table.add(1, [2], 1)
+    table.settle(b, "B")
+    table.settle(a, "A")
+    assert table.first_arrived() == (b, table.get(b))
+    table.yielded(a)  # in order, while b arrived first: b stays first
+    assert table.first_arrived() == (b, table.get(b))
+    table.yielded(b)
+    assert table.first_arrived() == (a, None)  # yielded already: passed over
+    table.drop_arrived()
+    assert table.first_arrived() is None
+    assert (table.spend_restart(), table.spend_restart(), table.restarts) == (1, 2, 2)
+    c = table.add(0, [3, 4, 5], 2)
+    table.leave_out(c, 4)
+    assert table.get(c).indices == [3, 5]
 
 
 def test_a_dead_worker_forgets_its_stale_tasks() -> None:

@@ -31,7 +31,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from ..config import WorkerConfig
-from ..events import Died, GlobalRngDrawn, Received, ServerDied, WorkersChosen
+from ..events import Died, GlobalRngDrawn, Received, WorkersChosen
 from ..pool import PROCESS, THREAD, Kind, wait_any
 from ..process.pool import ProcessPool
 from ..protocol import Empty, Exhausted, Failed
@@ -142,10 +142,10 @@ class HandoverPool:
         """Whether both pools have stopped."""
         return self._threads.stopped and (self._procs is None or self._procs.stopped)
 
-    def restart_server(self, dead: ServerDied) -> tuple[str, ...]:
+    def restart_server(self, method: str, pid: int) -> tuple[str, ...]:
         """The process workers' fork server died: start a new one (`ServerPool`)."""
         assert self._procs is not None
-        return self._procs.restart_server(dead)
+        return self._procs.restart_server(method, pid)
 
     @property
     def clock(self) -> Callable[[], float]:

@@ -29,13 +29,14 @@ from ...start import servers
 from ...start.launch import StartStalled
 from ...start.servers import ServerRef
 from ..config import Deferred, WorkerConfig
-from ..events import Died, ServerDied, ServerGone
+from ..events import Died, ServerGone
 from ..pool import PROCESS, Kind, wait_any
 from ..protocol import Reset, Restore, Task
 from ..transport import channel
 from ..worker.status import Progress, StatusBlock
 from .handles import Handle, WorkerView
 from .lifecycle import teardown
+from .liveness import ProcessExit, ServerExit
 from .server_watch import ServerWatch
 from .worker import worker_main
 
@@ -217,7 +218,7 @@ class ProcessPool:
         return not self._live
 
     # -- the fork server ---------------------------------------------------------------------
-    def _server_death(self, server: ServerRef, wait_s: float = 0.0) -> ServerDied | None:
+    def _server_death(self, server: ServerRef, wait_s: float = 0.0) -> Died | None:
         """If ``server`` has exited (waiting at most ``wait_s``), bury every worker it
         forked and return the one event for it. [Unit: second]"""
         exited, exitcode = self._servers.exited(server, wait_s)
@@ -232,11 +233,12 @@ class ProcessPool:
             h.finish()
         self._servers.forget(server)
         _LOG.debug("the %s (pid %d) exited with %s", server.method, server.pid, exitcode)
-        return ServerDied(server.method, server.pid, exitcode, tuple(gone))
+        cause = ServerExit(server.method, server.pid, exitcode, tuple(gone))
+        return Died(PROCESS, SERVER, server.pid, None, cause)
 
-    def restart_server(self, dead: ServerDied) -> tuple[str, ...]:
-        """Start a new fork server in place of ``dead``; the preloads it was asked for."""
-        _, preload = servers.restart(ServerRef(dead.method, dead.pid))
+    def restart_server(self, method: str, pid: int) -> tuple[str, ...]:
+        """Start a new fork server in place of the dead one; the preloads it was asked for."""
+        _, preload = servers.restart(ServerRef(method, pid))
         return preload
 
     # -- messaging ---------------------------------------------------------------------------
@@ -307,9 +309,9 @@ class ProcessPool:
 
     def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
         """The events behind ``ready``: a protocol message (a `Done` comes back as
-        `Received`), `Died`, `ReceiveFailed`, or ``(SERVER, ServerDied)`` once for a fork
-        server that died with all its workers. Messages a worker sent before it died come
-        first."""
+        `Received`), `Died`, `ReceiveFailed`, or ``(SERVER, Died)`` once for a fork server
+        that died with all its workers (its cause a `ServerExit`). Messages a worker sent
+        before it died come first."""
         by_object, fired = self._by_object, self._fired
         ready = [obj for obj in ready if obj in by_object]
         events: list[tuple[int, object]] = []
@@ -379,14 +381,10 @@ class ProcessPool:
                 h.process.kill()
 
     def _bury(self, h: Handle) -> Died:
-        died = Died(
-            exitcode=h.process.exitcode,
-            pid=h.pid,
-            progress=h.status.progress(),
-            stacks=h.status.stacks(),
-            libraries=tuple(h.status.libraries()),
-        )
-        _LOG.debug("worker %d (pid %s) exited with %s", h.worker_id, h.pid, died.exitcode)
+        exitcode = h.process.exitcode
+        cause = ProcessExit(exitcode, self._method, h.status.stacks(), tuple(h.status.libraries()))
+        died = Died(PROCESS, h.worker_id, h.pid, h.status.progress(), cause)
+        _LOG.debug("worker %d (pid %s) exited with %s", h.worker_id, h.pid, exitcode)
         self._live.remove(h)
         h.close_channels()
         h.kill_orphan()

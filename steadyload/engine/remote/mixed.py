@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from ..events import ServerDied
 from ..pool import Kind, ServerPool, WorkerPool, wait_any
 from ..worker.status import Progress
 from .pool import RemotePool
@@ -90,10 +89,10 @@ class MixedPool:
         """A fresh worker of the same kind and id."""
         self._of(worker_id).respawn(worker_id)
 
-    def restart_server(self, dead: ServerDied) -> tuple[str, ...]:
+    def restart_server(self, method: str, pid: int) -> tuple[str, ...]:
         """The local fork server died: the local pool starts a new one."""
         assert isinstance(self._local, ServerPool)
-        return self._local.restart_server(dead)
+        return self._local.restart_server(method, pid)
 
     def pid(self, worker_id: int) -> int | None:
         """The worker's process id."""

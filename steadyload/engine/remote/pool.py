@@ -11,8 +11,8 @@ checkpoints and the report are the iterator's, as for processes and threads:
 - Liveness: a collector thread per actor waits on its calls in order (``ray.get``) and
   queues what comes back as the pool's events, on the same `Outbox` thread workers use
   (one poll can wait on local and remote workers). A call that raises because the actor,
-  its node or its result object is gone becomes a `Died` (or, for a lost node, one
-  `NodeLost` for every worker on it) with Ray's cause (causes.py); the iterator re-runs
+  its node or its result object is gone becomes a `Died` (for a lost node, one for every
+  worker on it) with Ray's cause (liveness.py); the iterator re-runs
   what the worker held. Ray never retries anything itself (``max_restarts=0``,
   ``max_task_retries=0``): a task is re-run only by the iterator, under the same task id,
   so a late duplicate is dropped by the task table.
@@ -26,19 +26,20 @@ checkpoints and the report are the iterator's, as for processes and threads:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Collection
 from typing import Any
 
 from ..config import WorkerConfig
-from ..events import Died, NodeLost, Received
+from ..events import Died, Received
 from ..pool import REMOTE, Kind
 from ..protocol import Done, Reset, Restore, Retire, StartFailed, Stop, Task
 from ..transport.outbox import Outbox
 from ..worker.fetch import MAP, stateful
 from ..worker.status import Progress
-from . import causes, sharing
+from . import liveness, sharing
 from .actor import CONTROL
 from .records import RemoteView, _Actor, dumps_config
 from .spec import RemoteWorkers, connect, import_ray
@@ -185,7 +186,7 @@ class RemotePool:
             try:
                 result = ray.get(ref)
             except BaseException as exc:  # the actor is gone, or (alive) the call raised
-                failed = causes.task_failed(ray, exc, task_id) if task_id >= 0 else None
+                failed = liveness.task_failed(ray, exc, task_id) if task_id >= 0 else None
                 if failed is None:
                     if not a.gone:
                         self._on_failure(a, task_id, exc)
@@ -219,7 +220,7 @@ class RemotePool:
                 self._put(a, notice)
                 if isinstance(notice, Retire):  # it stopped after this task: replace it
                     self._end(a)  # (its generation stays: the respawn moves it on)
-                    self._put(a, Died(exitcode=0, pid=a.pid, progress=None, kind=REMOTE))
+                    self._put(a, Died(REMOTE, a.worker_id, a.pid, None, liveness.RETIRED))
                     return
 
     def give_back(self) -> list[int]:
@@ -240,9 +241,9 @@ class RemotePool:
         return ids
 
     def _on_failure(self, a: _Actor, task_id: int, exc: BaseException) -> None:
-        """A call raised: the actor, its node or a result is gone. One `Died`, or one
-        `NodeLost` for every actor of a lost node."""
-        cause = causes.classify(self._ray, exc, a.handle, a.node_id,
+        """A call raised: the actor, its node or a result is gone. One `Died`, for one actor
+        or (worker id -1, the cause's group) every actor of a lost node."""
+        cause = liveness.classify(self._ray, exc, a.handle, a.node_id,
                                 a.address, a.pid)  # fmt: skip
         with self._lock:  # the first collector to see it claims every actor it took
             if a.gone or self._actors.get(a.worker_id) is not a:
@@ -255,13 +256,13 @@ class RemotePool:
             for b in group:
                 b.gone = True
                 self._generations[b.worker_id] += 1
-        if len(group) > 1:
-            workers = tuple((b.worker_id, b.pid, b.progress()) for b in group)
-            self._events.put((-1, 0, NodeLost(cause, workers)))
+        if len(group) > 1:  # one event for every worker the node took
+            lost = tuple((b.worker_id, b.pid, b.progress()) for b in group)
+            died = Died(REMOTE, -1, None, None, dataclasses.replace(cause, group=lost))
+            self._events.put((-1, 0, died))
         else:
-            self._events.put((a.worker_id, self._generations[a.worker_id], Died(
-                exitcode=None, pid=a.pid, progress=a.progress(), kind=REMOTE,
-                remote=cause)))  # fmt: skip
+            died = Died(REMOTE, a.worker_id, a.pid, a.progress(), cause)
+            self._events.put((a.worker_id, self._generations[a.worker_id], died))
         for b in group:
             self._end(b)
 
@@ -350,11 +351,6 @@ class RemotePool:
         """The clock the pool measures with."""
         return self._clock
 
-    def node(self, worker_id: int) -> tuple[str, str]:
-        """(Ray node id, address) of the worker's actor ("" before it started)."""
-        a = self._actors.get(worker_id)
-        return (a.node_id, a.address) if a is not None else ("", "")
-
     def progress(self, worker_id: int) -> Progress | None:
         """What the actor is doing (inferred, see module)."""
         a = self._actors.get(worker_id)
@@ -378,7 +374,7 @@ class RemotePool:
             ref = a.handle.stack.options(concurrency_group=CONTROL).remote()
             text, fields = self._ray.get(ref, timeout=max(wait_s, 5.0))
         except Exception as exc:
-            return f"{head}: no stack ({type(exc).__name__}: {causes._first_lines(str(exc))})"
+            return f"{head}: no stack ({type(exc).__name__}: {liveness.first_lines(str(exc))})"
         a.fields = fields
         return f"{head}:\n{text}"
 
@@ -390,10 +386,11 @@ class RemotePool:
         progress = a.progress()
         self._generations[worker_id] += 1
         self._end(a)
-        cause = causes.RemoteCause("killed by steadyload (hang_timeout)", "a hang",
-                                   "see the stack", a.node_id, a.address)  # fmt: skip
-        self._events.put((worker_id, self._generations[worker_id], Died(
-            exitcode=None, pid=a.pid, progress=progress, kind=REMOTE, remote=cause)))  # fmt: skip
+        cause = liveness.RemoteCause(
+            "killed by steadyload (hang_timeout)", "a hang", "see the stack", a.node_id, a.address
+        )
+        died = Died(REMOTE, worker_id, a.pid, progress, cause)
+        self._events.put((worker_id, self._generations[worker_id], died))
 
     def measured(self) -> dict[int, tuple[str, str, float, int]]:
         """worker id -> (node id, address, seconds loading, samples) of each live actor."""

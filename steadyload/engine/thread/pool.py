@@ -50,6 +50,7 @@ from ..transport.outbox import Outbox
 from ..worker.fetch import ITERABLE, stateful
 from ..worker.status import IDLE, Progress
 from ..worker.torch_hooks import install_per_thread
+from .liveness import ThreadEnd
 from .sharing import drawn, global_rngs, process_rngs, restore_default, restore_rngs
 from .worker import WorkerThread, thread_main
 
@@ -351,5 +352,5 @@ class ThreadPool:
         # reaped: its progress still shows the hung task, and tasks sent meanwhile are
         # re-sent to the replacement (they are still held).
         self._generations[worker_id] += 1  # what it sends from now on is dropped
-        died = Died(exitcode=None, pid=os.getpid(), progress=w.progress(), kind=THREAD)
+        died = Died(THREAD, worker_id, os.getpid(), w.progress(), ThreadEnd())
         self._events.put((worker_id, self._generations[worker_id], died))

@@ -22,11 +22,13 @@ from ...diagnosis.describe import describe_exception
 from ...per_worker import enter_thread_worker
 from ..config import WorkerConfig
 from ..events import Died, Received
+from ..pool import THREAD
 from ..protocol import Done, Ready, Stop
 from ..transport.outbox import Outbox
 from ..worker import loop, torch_hooks
 from ..worker.status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK, Progress
 from . import sharing
+from .liveness import ThreadEnd
 
 
 class WorkerThread:
@@ -143,7 +145,7 @@ def thread_main(cfg: WorkerConfig, dataset: Any, w: WorkerThread, events: Outbox
         w.set_up.set()
         text = describe_exception(exc)[1]
         raised = f"{type(exc).__qualname__}: {text}" if text else type(exc).__qualname__
-        link.put(Died(exitcode=None, pid=os.getpid(), progress=w.progress(),
-                      stacks=traceback.format_exc(), kind="thread", raised=raised))  # fmt: skip
+        cause = ThreadEnd(raised, traceback.format_exc())
+        link.put(Died(THREAD, w.worker_id, os.getpid(), w.progress(), cause))
     finally:
         torch_hooks.set_thread_info(None)

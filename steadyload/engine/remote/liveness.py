@@ -1,4 +1,5 @@
-"""Why a remote worker is gone, in Ray's own words: what happened, why, what to do.
+"""Why a remote worker is gone (`RemoteCause`), in Ray's own words: what happened, why, what
+to do.
 
 Ray's exception says *that* an actor died; its cause lives in Ray's control store (the
 actor's ``DeathCause``: worker died, node died, killed, out of memory, preempted) and in
@@ -13,6 +14,7 @@ import dataclasses
 from typing import Any
 
 from ...errors import WorkerDiedError
+from ..events import Loss, Lost
 from ..protocol import Failed
 from ..worker.loop import failed_outcome
 from .actor import CONTROL
@@ -22,10 +24,10 @@ _LOGS = "Ray's logs on that node (/tmp/ray/session_latest/logs/, worker-*-{pid}.
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RemoteCause:
-    """Why a remote worker (or its node) is gone."""
+    """Why a remote worker (or its node, with every worker on it: ``group``) is gone."""
 
     short: str
-    """For the restart list: "node 1a2b3c (10.0.0.7) lost", "Ray worker process died"."""
+    """For the restart list: "node 1a2b3c (10.0.0.7) lost", "its Ray worker process died"."""
     why: str
     fix: str
     node_id: str = ""
@@ -33,9 +35,38 @@ class RemoteCause:
     node_lost: bool = False
     ray_text: str = ""
     """Ray's own words (the exception or the control store's death cause)."""
-    counts: bool = True
+    blames_sample: bool = True
     """Whether the batch may have caused it (a process death, Ray's memory monitor): only
     then does it count toward "killed a worker twice"; a lost node or object does not."""
+    group: Lost = ()
+    """The remote workers a lost node took with it (one event for all of them)."""
+    clean: bool = False
+    """The actor ended itself (after `Retire`, at ``max_worker_memory``)."""
+
+    @property
+    def name(self) -> str:
+        """The short form, as in the restart list."""
+        return self.short
+
+    def heal(self, pool: Any) -> tuple[str, ...]:
+        """Nothing to restart: Ray places the new actors (off a lost node)."""
+        return ()
+
+    def explain(self, loss: Loss) -> WorkerDiedError:
+        """The actor's node, pid, Ray's cause and the samples it held."""
+        worker_id, outcome = loss.worker_id, loss.outcome
+        if self.group:  # a node: one message for all its workers
+            workers = sorted(w for w, _, _ in self.group)
+            worker_id, outcome = workers[0], f"It took remote workers {workers} with it. {outcome}"
+        return remote_died(
+            worker_id=worker_id, pid=loss.pid, cause=self, sample_indices=loss.sample_indices,
+            batches_held=loss.batches_held, sample=loss.sample, outcome=outcome,
+            stream_batches=loss.stream_batches,
+        )
+
+
+RETIRED = RemoteCause("retired", "its memory passed max_worker_memory", "", clean=True)
+"""An actor that stopped itself after `Retire` (the pool ends it and says so)."""
 
 
 def _enum_name(message: Any, field: str) -> str:
@@ -99,7 +130,7 @@ def draining(node_id: str) -> bool:
         return False
 
 
-def _first_lines(text: str, n: int = 3) -> str:
+def first_lines(text: str, n: int = 3) -> str:
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return " ".join(lines[:n])
 
@@ -131,7 +162,7 @@ def classify(
     actor answered nothing) and Ray's state."""
     actor_id = handle._actor_id.hex()
     errors = ray.exceptions
-    text = _first_lines(str(exc)) if exc is not None else ""
+    text = first_lines(str(exc)) if exc is not None else ""
     node = f"node {node_id[:12]} ({address})"
     logs = _LOGS.format(pid=pid)
     if exc is not None and isinstance(exc, getattr(errors, "ObjectLostError", ())):
@@ -139,11 +170,11 @@ def classify(
             "its result object was lost", f"Ray lost the batch's result object on {node}: {text}",
             "nothing, if it is rare (the batch is re-run, once); if it repeats, give the "
             "object store more memory (ray start --object-store-memory) or check that node.",
-            node_id, address, ray_text=text, counts=False,
+            node_id, address, ray_text=text, blames_sample=False,
         )  # fmt: skip
     death = actor_death(ray, actor_id)
     alive, node_reason = node_state(ray, node_id)
-    ray_text = _first_lines(death.get("text") or text)
+    ray_text = first_lines(death.get("text") or text)
     unreachable = exc is not None and isinstance(exc, getattr(errors, "ActorUnavailableError", ()))
     if death.get("oom") or (exc is not None and isinstance(exc, errors.OutOfMemoryError)):
         return RemoteCause(
@@ -159,7 +190,7 @@ def classify(
             "the actor still answers, but a call may have been lost with it, so steadyload "
             "replaced the actor",
             f"nothing, if it is rare; if it repeats, check the network between this machine "
-            f"and {node}.", node_id, address, ray_text=ray_text, counts=False,
+            f"and {node}.", node_id, address, ray_text=ray_text, blames_sample=False,
         )  # fmt: skip
     preempted = death.get("preempted") or death.get("node_reason") == "AUTOSCALER_DRAIN_PREEMPTED"
     if preempted or (node_id and draining(node_id)):
@@ -168,7 +199,7 @@ def classify(
             "(a spot node its cloud provider takes back)" + (f"; Ray: {ray_text}" if death else ""),
             "nothing: spot nodes go; the batches were re-run on the others. Use on-demand "
             "nodes (or a label_selector) for a pool that must not shrink.",
-            node_id, address, node_lost=True, ray_text=ray_text, counts=False,
+            node_id, address, node_lost=True, ray_text=ray_text, blames_sample=False,
         )  # fmt: skip
     if death.get("reason") == "NODE_DIED" or alive is False or unreachable:
         why = node_reason or death.get("node_text") or ray_text
@@ -178,14 +209,14 @@ def classify(
             + ("; its raylet stopped answering" if unreachable and alive is not False else ""),
             "nothing, if it is rare: the batches were re-run on the other workers. If nodes "
             f"go often, look at {logs} and at the machine (kernel log, power, network).",
-            node_id, address, node_lost=True, ray_text=ray_text, counts=False,
+            node_id, address, node_lost=True, ray_text=ray_text, blames_sample=False,
         )  # fmt: skip
     if death.get("reason") == "RAY_KILL":
         return RemoteCause(
             "killed through Ray", f"something other than steadyload killed the actor "
             f"(ray.kill, `ray stop`): {ray_text}",
             "do not kill a loader's actors by hand; they end with the loader.",
-            node_id, address, ray_text=ray_text, counts=False,
+            node_id, address, ray_text=ray_text, blames_sample=False,
         )  # fmt: skip
     return RemoteCause(
         "its Ray worker process died", f"the actor's process (pid {pid}) on {node} exited "
