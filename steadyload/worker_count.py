@@ -102,6 +102,7 @@ def restore_rngs(state: tuple[Any, ...]) -> None:
 def probe(
     dataset: Any, batch_size: int | None, collate_fn: Callable[[list[Any]], Any] | None,
     budget_s: float = 0.5, max_samples: int = 32, stream_ok: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> SampleProfile:
     """Time ``dataset[0]``, ``dataset[1]``, ... in this process for about ``budget_s``.
 
@@ -109,7 +110,8 @@ def probe(
     the global RNGs (torch, random, numpy) are restored afterwards, so the real iteration
     (shuffle order, worker seeds) is the same as without the probe. An IterableDataset is
     only read when ``stream_ok`` (bench owns its dataset; a user's stream may be one-shot).
-    Never raises for the dataset's errors: they become ``note``.
+    Never raises for the dataset's errors: they become ``note``. ``clock`` times the samples
+    and the budget (tests inject one). [Unit: second]
     """
     from torch.utils.data import IterableDataset
 
@@ -127,20 +129,20 @@ def probe(
     saved = save_rngs()
     samples: list[Any] = []
     times: list[float] = []
-    deadline = time.perf_counter() + budget_s
+    deadline = clock() + budget_s
     try:
         stream = iter(dataset) if is_stream else None
         for k in range(max_samples + 1):
             if not is_stream and k >= length:
                 break
-            t = time.perf_counter()
+            t = clock()
             try:
                 sample = next(stream) if stream is not None else dataset[k]
             except StopIteration:
                 break
-            times.append(time.perf_counter() - t)
+            times.append(clock() - t)
             samples.append(sample)
-            if time.perf_counter() > deadline:
+            if clock() > deadline:
                 break
         if not samples:
             return SampleProfile(None, None, 0, 0, "the dataset yielded no sample")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..engine.remote import scaling as rule
@@ -29,7 +30,7 @@ class RemoteScaling:
 
     def __init__(
         self, spec: RemoteWorkers, first_id: int, table: TaskTable, record: RunRecord,
-        *, fixed_workers: bool,
+        *, fixed_workers: bool, clock: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
         if fixed_workers:  # a stream, or a dataset with its own state per worker
             raise ValueError(
@@ -51,6 +52,7 @@ class RemoteScaling:
         self._first = first_id
         self._table = table
         self._record = record
+        self._clock = clock  # the rule's windows are on it [Unit: second]; tests inject one
         self.parked: set[int] = set()
         """Worker ids dispatch passes by: no actor, one starting, or one being drained."""
         self.reset()
@@ -90,7 +92,7 @@ class RemoteScaling:
             self._starting.discard(w)
             self.parked.discard(w)
             self._scaler.joined()
-        now = time.monotonic()
+        now = self._clock()
         if now < self._next_look:
             return len(joined)
         self._next_look = now + rule.INTERVAL_S / 4

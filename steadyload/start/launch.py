@@ -21,6 +21,7 @@ import io
 import os
 import select
 import time
+from collections.abc import Callable
 from multiprocessing import context, forkserver, popen_forkserver, process, reduction, spawn, util
 from typing import Any
 
@@ -68,10 +69,11 @@ def server_progress(pid: int) -> tuple[int, int]:
 class _Watch:
     """The server a start waits on: stopped, or without progress for `STALL_S`."""
 
-    def __init__(self, pid: int | None) -> None:
+    def __init__(self, pid: int | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.pid = pid
+        self._clock = clock  # [Unit: second]; tests inject one
         self._seen = server_progress(pid) if pid is not None else (0, 0)
-        self._since = time.monotonic()
+        self._since = clock()
 
     def check(self) -> None:
         """Raise `StartStalled` if the server is stopped or has made no progress lately."""
@@ -83,7 +85,7 @@ class _Watch:
         if state in ("T", "t"):
             raise StartStalled(f"{server} is stopped (process state {state!r}: SIGSTOP, a "
                                "debugger or a frozen cgroup)", pid, True)  # fmt: skip
-        now, seen = time.monotonic(), server_progress(pid)
+        now, seen = self._clock(), server_progress(pid)
         if seen != self._seen:
             self._seen, self._since = seen, now
         elif now - self._since >= STALL_S:

@@ -2,7 +2,9 @@
 
 Each scenario runs in a job of its own (tests/faults/stalled_server_job.py): the server is
 stopped (SIGSTOP) before a loader starts its workers, or slow past the start timeout; then
-it answers again and the next loader works.
+it answers again and the next loader works. How long each start waited is not asserted
+(the machine's speed decides it): the watch's timing is unit-tested on an injected clock
+(tests/unit/test_start_watch.py).
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ def test_a_stopped_server_is_named_at_once(method: str) -> None:
     assert "DataLoader worker 0 could not start: the fork server (pid " in error
     assert "is stopped (process state 'T': SIGSTOP, a debugger or a frozen cgroup)" in error
     assert "Fix: resume it (`kill -CONT " in error
-    assert float(seen["waited_s"]) < 10  # type: ignore[arg-type]  # a slice or two, not the timeout
     assert seen["after"] == seen["first"]
 
 
@@ -48,7 +49,6 @@ def test_a_server_slow_past_the_timeout_fails_the_start_with_what_was_seen() -> 
     assert ("did not fork the worker and made no progress (no CPU time, no reads) for 1 s "
             "(process state '") in error, error
     assert "is stopped" not in error and "Fix: see what it is doing (`py-spy dump --pid " in error
-    assert 1.0 <= float(seen["waited_s"]) < 10  # type: ignore[arg-type]
     assert seen["after"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
@@ -56,4 +56,3 @@ def test_a_server_slow_but_making_progress_is_waited_for() -> None:
     seen = _run("busy", "forkserver")  # 3 s of CPU in its import, 1 s allowed without progress
     assert "error" not in seen, seen
     assert seen["first"] == seen["after"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert float(seen["waited_s"]) >= 2.0  # type: ignore[arg-type]  # it did wait for the import

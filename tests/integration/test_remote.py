@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import logging
 import os
 import pickle
@@ -607,32 +608,57 @@ def test_remote_workers_is_checked(bad: Any) -> None:
         sl.DataLoader(list(range(8)), remote_workers=bad)
 
 
-def test_a_range_grows_while_the_loop_waits_and_shrinks_when_batches_pile_up(
+class Scripted:
+    """A stall rule that decides by script, not by measurement: +1 at its first look, -1 at
+    its 4th look after the added worker joined, then nothing."""
+
+    def __init__(self, minimum: int, maximum: int, **_: Any) -> None:
+        self.grown = False
+        self.looks_since_join: int | None = None
+
+    def joined(self) -> None:
+        self.looks_since_join = 0
+
+    def observe(self, now: float, wait_s: float, batches: int, live: int, ready: int,
+                unplaced: int) -> tuple[int, float, float, str]:  # fmt: skip
+        if not self.grown:
+            self.grown = True
+            return 1, 0.5, 1.0, "scripted growth"
+        if self.looks_since_join is not None and not unplaced:
+            self.looks_since_join += 1
+            if self.looks_since_join == 4:
+                return -1, 0.0, 1.0, "scripted shrink"
+        return 0, 0.0, 0.0, ""
+
+
+def test_a_range_grows_and_shrinks_on_the_rules_decisions_and_keeps_torchs_order(
     cluster: Ray, monkeypatch: Any,
 ) -> None:  # fmt: skip
-    from steadyload.engine.remote import scaling
+    """What the pool does on a decision, against real Ray: start an actor for a parked id,
+    let it join dispatch once ready, park the highest id and stop its actor once drained.
+    When to decide is the rule's, unit-tested on an injected clock with injected figures
+    (tests/unit/test_remote_scaling.py); here the rule is scripted and its clock ticks a
+    whole window per batch, so nothing here depends on this machine's speed."""
+    from steadyload.engine.remote import scaling as rule
+    from steadyload.iterators import scaling, workers
 
-    monkeypatch.setattr(scaling, "INTERVAL_S", 0.5)
-    loader = sl.DataLoader(Augmented(400, sleep_s=0.1), batch_size=2, remote_workers=(1, 2))
-    got: list[Any] = []
-    both_since = None
-    for batch in loader:
-        got.append(batch)
-        changes = [d.change for d in loader.report().scaling]
-        if changes == [1, -1]:
-            break
-        if changes == [1] and len(loader.report().workers) == 2:
-            both_since = both_since or time.monotonic()
-            if time.monotonic() - both_since > 2.0:  # the growth was judged (it helped)
-                time.sleep(0.5)  # the loop is slower than two workers now: batches pile up
-    assert _indices(got) == list(range(2 * len(got)))  # order kept through both changes
-    decisions = loader.report().scaling
-    assert [d.change for d in decisions] == [1, -1], decisions
-    # Why it shrank depends on this machine's speed (batches piling up, or the added
-    # worker not helping on a busy machine): the rule's reasons are unit-tested with
-    # injected figures (tests/unit/test_remote_scaling.py).
-    assert decisions[0].stall_share > 0.1
-    assert "remote pool: grew to 2" in str(loader.report())
+    ticks = itertools.count(step=rule.INTERVAL_S)
+    monkeypatch.setattr(rule, "StallScaler", Scripted)
+    monkeypatch.setattr(workers, "RemoteScaling", functools.partial(
+        scaling.RemoteScaling, clock=lambda: float(next(ticks))))  # fmt: skip
+    ds = Augmented(200, sleep_s=0.05)  # 100 batches: time for an actor to start
+    want = [b for b in torch.utils.data.DataLoader(range(200), batch_size=2, shuffle=True,
+                                                   generator=_gen())]  # fmt: skip
+    loader = sl.DataLoader(ds, batch_size=2, shuffle=True, generator=_gen(),
+                           remote_workers=(1, 2))  # fmt: skip
+    got = list(loader)
+    assert [b[0].tolist() for b in got] == [b.tolist() for b in want]  # torch's order, each once
+    report = loader.report()
+    assert [(d.change, d.workers, d.reason) for d in report.scaling] == [
+        (1, 2, "scripted growth"), (-1, 1, "scripted shrink")], report.scaling
+    added = next(w for w in report.workers if w.worker_id == 1)
+    assert added.samples > 0 and added.node is not None  # the added actor loaded batches
+    assert "remote pool: grew to 2" in str(report)
 
 
 def test_a_range_needs_a_map_style_dataset() -> None:

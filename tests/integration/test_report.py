@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import steadyload
+from steadyload.iterators.record import RunRecord
 from tests.datasets import Busy, FaultOnce, MapDS
 
 
@@ -27,19 +26,22 @@ def test_per_worker_figures_add_up() -> None:
     assert "data stall:" in text and "samples/s" in text and "busy" in text
 
 
-def _stall(dataset: Any, step_s: float) -> float:
-    loader = steadyload.DataLoader(dataset, batch_size=4, num_workers=2)
-    for _ in loader:
-        time.sleep(step_s)  # the training step
-    share = loader.report().data_stall_share
-    assert share is not None
-    return share
+def _stall(steps: list[tuple[float, float]]) -> float | None:
+    """The data-stall share of a loop whose next() calls ran ``(called, returned)``, on
+    injected times (not measured: the machine's speed would decide the figure)."""
+    record = RunRecord("process", "forkserver", ())
+    for called, returned in steps:
+        record.waited(called, returned)
+    return record.to_report().data_stall_share
 
 
 def test_data_stall_share_tells_slow_data_from_a_slow_loop() -> None:
-    # Wide margins: the figure is a measurement on a shared machine, not a target.
-    assert _stall(Busy(48, 0.01), 0.0) > 0.5  # the loop only waits for data
-    assert _stall(MapDS(80), 0.03) < 0.5  # data is always ready before the step ends
+    # The loop only waits for data: 0.9 s of each 1 s step is spent in next().
+    assert _stall([(k, k + 0.9) for k in range(10)]) == pytest.approx(10 * 0.9 / 9.9)
+    # Data is always ready: 0.01 s in next(), the rest is the training step's.
+    assert _stall([(k, k + 0.01) for k in range(10)]) == pytest.approx(10 * 0.01 / 9.01)
+    assert _stall([(0.0, 0.5)]) == 1.0  # one call: all of the loop was that wait
+    assert _stall([]) is None  # not iterated: no figure
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -85,15 +85,50 @@ def test_probe_leaves_a_users_stream_alone_and_reports_errors() -> None:
     assert broken.note == "loading sample 0 in this process raised KeyError: 'no sample 0'"
 
 
-def test_auto_gives_trivial_samples_no_workers(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("per_sample_s, workers", [
+    (worker_count.TRIVIAL_SAMPLE_S * 0.99, 0), (worker_count.TRIVIAL_SAMPLE_S, 1)])
+def test_auto_gives_trivial_samples_no_workers(
+    per_sample_s: float, workers: int, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # Injected figures, at both sides of the line: timing real samples is the machine's speed.
+    monkeypatch.setattr(worker_count, "probe",
+                        lambda *a, **k: SampleProfile(per_sample_s, 0.0, 10, 1024))  # fmt: skip
+    monkeypatch.setattr(worker_count, "usable_cpus", lambda: 8)
+    monkeypatch.setattr(worker_count, "available_memory_bytes", lambda: 64 << 30)
     with caplog.at_level(logging.INFO, logger="steadyload.worker_count"):
         choice = worker_count.choose_num_workers(MapDS(1000), 32, None)
-    assert choice.num_workers == 0
-    assert choice.elapsed_s < 2
+    assert choice.num_workers == workers
     assert caplog.records[-1].name == "steadyload.worker_count"
     assert caplog.records[-1].getMessage() == choice.reason
-    assert choice.reason.startswith("num_workers='auto' chose 0: samples take ")
-    assert "passing batches between processes would cost more" in choice.reason
+    if workers == 0:
+        assert choice.reason.startswith("num_workers='auto' chose 0: samples take ")
+        assert "passing batches between processes would cost more" in choice.reason
+    else:
+        assert choice.reason.startswith("num_workers='auto' chose 1: a batch takes ")
+
+
+class Ticks(MapDS):
+    """Each sample takes 1 s on the list-cell clock ``now``."""
+
+    def __init__(self, n: int, now: list[float]) -> None:
+        super().__init__(n)
+        self.now = now
+
+    def __getitem__(self, i: int) -> Any:
+        self.now[0] += 1.0
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("budget_s, read", [(1.99, 2), (2.0, 3)])
+def test_probe_stops_once_its_budget_is_spent_on_its_clock(budget_s: float, read: int) -> None:
+    # Samples end at 1, 2, 3 s: the probe stops after the first past the budget.
+    now = [0.0]
+    profile = worker_count.probe(Ticks(100, now), 8, None, budget_s=budget_s,
+                                 clock=lambda: now[0])  # fmt: skip
+    assert now[0] == read
+    assert profile.samples == read - 1  # the first (warm-up) sample is not counted
+    assert profile.per_sample_s == 1.0
 
 
 def test_auto_is_bounded_by_cpus_and_memory(monkeypatch: pytest.MonkeyPatch) -> None:
