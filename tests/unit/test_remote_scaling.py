@@ -142,7 +142,9 @@ def test_remote_scaling_waits_for_an_added_actor_then_shrinks_when_batches_pile_
     assert loop.changes() == [1, -1]
     assert "3 batches were ready and waiting; the loop waited 0%" in loop.record.scaling[1].reason
     assert loop.scaling.parked == {2} and loop.remote.retired == []  # it still holds 2 tasks
-    for tid in [t for t, e in loop.table.tasks.items() if e.worker_id == 2]:
-        loop.table.yielded(tid)
+    for tid in range(3):  # the three batches added above
+        task = loop.table.get(tid)
+        if task is not None and task.worker_id == 2:
+            loop.table.yielded(tid)
     loop.at(13.6, wait_s=9.0, batches=33)
     assert loop.remote.retired == [2]  # drained: its actor stops, nothing lost
