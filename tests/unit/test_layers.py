@@ -3,7 +3,8 @@
 The layers are declared here, top first, and drawn in docs/design/layers.md (checked to
 list them in the same order). Every import counts, including those inside functions and
 under ``if TYPE_CHECKING:``: a module may import modules of lower layers, and siblings of
-its own package as long as no circle forms.
+its own package as long as no circle forms. A kind of worker (engine/process, thread,
+remote) imports no other kind's modules, and no module imports another's private names.
 """
 
 from __future__ import annotations
@@ -202,3 +203,83 @@ def test_only_the_task_table_writes_its_fields() -> None:
                 if "table" in owner or owner.split(".")[-1] in ("task", "t", "entry"):
                     wrong.append(f"{module}:{node.lineno}: {ast.unparse(target)}")
     assert not wrong, "written outside the task table:\n" + "\n".join(wrong)
+
+
+KINDS = ("steadyload.engine.process", "steadyload.engine.thread", "steadyload.engine.remote")
+
+
+def _kind(module: str) -> str | None:
+    return next((k for k in KINDS if module == k or module.startswith(k + ".")), None)
+
+
+def test_no_kind_imports_another_kind() -> None:
+    # What kinds share lives in engine/worker, engine/transport, engine/choice or the engine
+    # root; a kind reaching into another's package would tie their changes together again.
+    wrong = []
+    for module, targets in GRAPH.items():
+        kind = _kind(module)
+        if kind is None:
+            continue
+        wrong += [f"{module} imports {t}" for t in targets if _kind(t) not in (None, kind)]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _dotted(node: ast.expr) -> list[str] | None:
+    """``a.b.c`` as ["a", "b", "c"]; None for anything but names and attributes."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(parts)]
+
+
+def _private_uses(module: str, path: Path) -> list[str]:
+    """Private names of other modules that ``module`` imports or reads off a module."""
+    tree = ast.parse(path.read_text(), str(path))
+    here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    bound: dict[str, str] = {}  # local name -> the package module it stands for
+    wrong = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _ours(alias.name):
+                    name = alias.asname or alias.name.partition(".")[0]
+                    bound[name] = alias.name if alias.asname else name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not _ours(target):
+                continue
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                if full in MODULES:  # a module, private or not: fine
+                    bound[alias.asname or alias.name] = full
+                elif _private(alias.name):
+                    wrong.append(f"{module} imports {alias.name} from {target}")
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not _private(node.attr):
+            continue
+        chain = _dotted(node.value)
+        if chain is None or chain[0] not in bound:
+            continue
+        owner = ".".join([bound[chain[0]], *chain[1:]])
+        if owner in MODULES and owner != module and f"{owner}.{node.attr}" not in MODULES:
+            wrong.append(f"{module} reads {owner}.{node.attr}")
+    return wrong
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    # A `_name` is its module's own: one shared must be made public where it is defined.
+    # Private modules (`from . import _bench_run`) are fine; only names inside modules count.
+    wrong = [w for m, p in MODULES.items() for w in _private_uses(m, p)]
+    assert not wrong, "\n".join(sorted(wrong))

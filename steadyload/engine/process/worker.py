@@ -3,13 +3,11 @@ by name).
 
 A worker reads messages on a small reader thread, so that the parent's sends never block on
 a busy worker (and a busy worker still notices the parent's death), and runs the one worker
-loop (../loop.py) on its main thread: fetch the batch, pack it into shared memory, send it.
-It exits on `Stop`, on EOF from the parent, or, from the reader thread, as soon as the
-parent process is gone.
-Seeding and `get_worker_info()` follow torch's `_worker_loop` exactly, so datasets that draw
-random numbers or shard themselves behave as they do under torch's DataLoader. What the
-worker is doing (task, sample, since when) is kept in its status block (status.py), which
-the parent reads after a death or a hang.
+loop (../worker/loop.py, started by ../worker/serve.py, which seeds it as torch's
+`_worker_loop` does) on its main thread: fetch the batch, pack it into shared memory, send
+it. It exits on `Stop`, on EOF from the parent, or, from the reader thread, as soon as the
+parent process is gone. What the worker is doing (task, sample, since when) is kept in its
+status block (../worker/status.py), which the parent reads after a death or a hang.
 """
 
 from __future__ import annotations
@@ -28,20 +26,16 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-import torch
-
-from ..._seeding import SampleSeeder
 from ...diagnosis.describe import describe_exception, format_traceback
 from ...memory import descriptors
 from ..config import Deferred, WorkerConfig
 from ..protocol import Done, NewSegment, Ready, Retire, StartFailed, Stop
 from ..transport import channel
 from ..transport.segments import HAVE_MEMFD, Arena, announce, announced
-from ..worker import loop, torch_hooks
+from ..worker import torch_hooks
 from ..worker.memory_cap import MemoryCap
+from ..worker.serve import serve
 from ..worker.status import WorkerStatus
-
-_LOG = logging.getLogger(__name__)
 
 
 class _WorkerTag(logging.Filter):
@@ -157,22 +151,14 @@ def worker_main(deferred: Deferred, conn: Connection, worker_id: int) -> None:
     ).start()
     logging.getLogger("steadyload").addFilter(_WorkerTag(worker_id))
 
-    torch.set_num_threads(1)
-    seed = torch_hooks.seed_process(cfg.base_seed, worker_id)
-    info = torch_hooks.make_info(worker_id, cfg.num_workers, seed, cfg.dataset, "multiprocessing")
-    torch_hooks.set_process_info(info)
     arena = Arena(worker_id)
     if HAVE_MEMFD:
         torch_hooks.route_shared_storage(arena)
-
-    seeder = SampleSeeder(cfg.base_seed, worker_id, own=info) if cfg.sample_seeds else None
-
-    _LOG.debug("worker %d started (seed %d)", worker_id, seed)
     link = ProcessLink(sock, inbox, arena, cfg)
     try:
-        loop.run(cfg, cfg.dataset, worker_id, link, status, seeder)
-    except (BrokenPipeError, ConnectionResetError, EOFError):
-        pass  # the parent closed our pipe: it is shutting down
+        serve(
+            cfg, cfg.dataset, worker_id, link, status, process_wide=True, method="multiprocessing"
+        )
     finally:
         stopped.set()
         sock.close()
@@ -251,3 +237,9 @@ class ProcessLink:
             return False
         channel.send(self._sock, Retire(uss))
         return True
+
+    def escaped(self, exc: BaseException) -> None:
+        """The parent closed our pipe (it is shutting down): end quietly. Anything else is
+        raised again, so the process exits non-zero with its traceback on stderr."""
+        if not isinstance(exc, (BrokenPipeError, ConnectionResetError, EOFError)):
+            raise exc

@@ -1,12 +1,13 @@
-"""A remote worker: a Ray actor that runs the one worker loop (../loop.py).
+"""A remote worker: a Ray actor that runs the one worker loop (../worker/loop.py).
 
 Ray is only the transport. The pool numbers every message it sends an actor; the actor
 feeds them to the loop in that order (Ray does not promise the order of an async actor's
 calls), and the call that carried a `Task` returns the task's outcome, with its collated
 batch, through Ray's object store. The loop runs on a thread of its own, so the actor
 answers `stack` (its Python stacks, for ``hang_timeout``) while a sample is being loaded;
-`stack` runs in a concurrency group of its own. The actor's process is its
-own, so seeding and `get_worker_info()` are a worker process's (torch's `_worker_loop`).
+`stack` runs in a concurrency group of its own. The actor's process is its own, so its
+start (../worker/serve.py) is a worker process's: seeding and `get_worker_info()` as in
+torch's `_worker_loop`.
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from ..._seeding import SampleSeeder
 from ...diagnosis.describe import describe_exception, format_traceback
 from ..config import WorkerConfig
 from ..protocol import Done, Ready, Retire, StartFailed, Stop, Task
-from ..worker import loop, torch_hooks
 from ..worker.memory_cap import MemoryCap, rss_bytes
+from ..worker.serve import serve
 from ..worker.status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK
 
 CONTROL = "steadyload-control"
@@ -112,6 +112,13 @@ class RemoteLink:
         """Past ``max_worker_memory``: stop (the pool replaces this actor)."""
         return self._retire is not None
 
+    def escaped(self, exc: BaseException) -> None:
+        """The worker cannot go on: print why and end the actor's process, which is the
+        death the pool sees and the iterator heals."""
+        traceback.print_exception(exc)
+        sys.stderr.flush()
+        os._exit(1)
+
 
 class RemoteWorker:
     """The actor's class (made a Ray actor by the pool: Ray is imported there only)."""
@@ -152,24 +159,19 @@ class RemoteWorker:
             self.began.set()
             self.set_up.set()
             return
+        link = RemoteLink(self, cfg)
         try:
-            import torch
-
-            torch.set_num_threads(1)
-            seed = torch_hooks.seed_process(cfg.base_seed, self.worker_id)
-            info = torch_hooks.make_info(self.worker_id, cfg.num_workers, seed, cfg.dataset,
-                                         "multiprocessing")  # fmt: skip
-            torch_hooks.set_process_info(info)
-            seeder = (SampleSeeder(cfg.base_seed, self.worker_id, own=info)
-                      if cfg.sample_seeds else None)  # fmt: skip
-            self.began.set()
-            loop.run(cfg, cfg.dataset, self.worker_id, RemoteLink(self, cfg), self.status, seeder)
-        except BaseException:
-            # Never a dataset's error (those are outcomes): the worker cannot go on. Its
-            # process ends, which is the death the pool sees and the iterator heals.
-            traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(1)
+            # Process-wide: the actor's process is its own, as a worker process's is.
+            serve(
+                cfg,
+                cfg.dataset,
+                self.worker_id,
+                link,
+                self.status,
+                process_wide=True,
+                method="multiprocessing",
+                began=self.began.set,  # torch is imported: the pool watches set-up for hangs
+            )
         finally:
             self.set_up.set()
 

@@ -41,7 +41,7 @@ from ..worker.fetch import MAP, stateful
 from ..worker.status import Progress
 from . import liveness, sharing
 from .actor import CONTROL
-from .records import RemoteView, _Actor, dumps_config
+from .records import Actor, RemoteView, dumps_config
 from .spec import RemoteWorkers, connect, import_ray
 from .warm import Prestarted, actor_class
 
@@ -69,7 +69,7 @@ class RemotePool:
         self._ray: Any = None
         self._class: Any = None
         self._config_ref: Any = None
-        self._actors: dict[int, _Actor] = {}
+        self._actors: dict[int, Actor] = {}
         self._generations = collections.Counter[int]()
         self._events = Outbox()
         self._lost_nodes: set[str] = set()  # never placed on again by this pool
@@ -105,7 +105,7 @@ class RemotePool:
         self._spawn(worker_id)
 
     def _spawn(self, worker_id: int) -> None:
-        a = _Actor(worker_id, self._generations[worker_id], self._clock())
+        a = Actor(worker_id, self._generations[worker_id], self._clock())
         handle = self._prestarted.take() if self._prestarted and not self._lost_nodes else None
         if handle is not None:  # placed and imported already: it learns which worker it is
             handle.configure.remote(self._config_ref, worker_id)
@@ -130,7 +130,7 @@ class RemotePool:
             self._generations[worker_id] += 1
             self._end(a)
 
-    def _end(self, a: _Actor) -> None:
+    def _end(self, a: Actor) -> None:
         a.gone = True
         a.calls.put(None)
         try:
@@ -170,10 +170,10 @@ class RemotePool:
         return sum(1 for a in self._actors.values() if not a.set_up and not a.gone)
 
     # -- the collectors (one thread per actor) -------------------------------------------------
-    def _put(self, a: _Actor, event: object) -> None:
+    def _put(self, a: Actor, event: object) -> None:
         self._events.put((a.worker_id, a.generation, event))
 
-    def _collect_calls(self, a: _Actor) -> None:
+    def _collect_calls(self, a: Actor) -> None:
         ray = self._ray
         while True:
             item = a.calls.get()
@@ -240,7 +240,7 @@ class RemotePool:
             self._end(a)
         return ids
 
-    def _on_failure(self, a: _Actor, task_id: int, exc: BaseException) -> None:
+    def _on_failure(self, a: Actor, task_id: int, exc: BaseException) -> None:
         """A call raised: the actor, its node or a result is gone. One `Died`, for one actor
         or (worker id -1, the cause's group) every actor of a lost node."""
         cause = liveness.classify(self._ray, exc, a.handle, a.node_id,

@@ -1,4 +1,4 @@
-"""The remote pool's records: each actor (`_Actor`), its view (`RemoteView`), the
+"""The remote pool's records: each actor (`Actor`), its view (`RemoteView`), the
 configuration actors are sent (`dumps_config`) and the warning for an actor Ray cannot
 place (`warn_unplaced`)."""
 
@@ -35,7 +35,7 @@ def dumps_config(config: WorkerConfig) -> bytes:
 class RemoteView:
     """One remote worker as ``iterator._workers`` shows it."""
 
-    def __init__(self, worker_id: int, actor: _Actor) -> None:
+    def __init__(self, worker_id: int, actor: Actor) -> None:
         self.worker_id = worker_id
         self._actor = actor
 
@@ -62,7 +62,7 @@ class RemoteView:
         return f"<steadyload remote worker {self.worker_id} pid {self.pid} node {self.node[:12]}>"
 
 
-class _Actor:
+class Actor:
     """The pool's record of one actor."""
 
     def __init__(self, worker_id: int, generation: int, asked_at: float) -> None:

@@ -1,9 +1,9 @@
 """A thread worker: its record (`WorkerThread`) and its `loop.Link`; its outcomes go to the
 pool's `Outbox` (../transport/outbox.py).
 
-A thread runs the one worker loop (../loop.py) like a process does; its link hands the
-collated batch over as an object (no pickling, no shared memory). Seeding touches only the
-thread's own generators (../worker/torch_hooks.py).
+A thread runs the one worker loop (../worker/loop.py, through ../worker/serve.py) like a
+process does; its link hands the collated batch over as an object (no pickling, no shared
+memory). Seeding touches only the thread's own generators (../worker/serve.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from ..._seeding import SampleSeeder
 from ...diagnosis.describe import describe_exception
 from ...per_worker import enter_thread_worker
 from ..config import WorkerConfig
@@ -25,7 +24,7 @@ from ..events import Died, Received
 from ..pool import THREAD
 from ..protocol import Done, Ready, Stop
 from ..transport.outbox import Outbox
-from ..worker import loop, torch_hooks
+from ..worker.serve import serve
 from ..worker.status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK, Progress
 from . import sharing
 from .liveness import ThreadEnd
@@ -121,31 +120,36 @@ class ThreadLink:
         self._first = False
         return w.abandoned
 
+    def escaped(self, exc: BaseException) -> None:
+        """Queue the thread's death (called in the handler: its traceback is the stacks)."""
+        w = self._w
+        w.set_up.set()
+        text = describe_exception(exc)[1]
+        raised = f"{type(exc).__qualname__}: {text}" if text else type(exc).__qualname__
+        cause = ThreadEnd(raised, traceback.format_exc())
+        self.put(Died(THREAD, w.worker_id, os.getpid(), w.progress(), cause))
+
 
 def thread_main(cfg: WorkerConfig, dataset: Any, w: WorkerThread, events: Outbox) -> None:
     """One worker thread: the worker loop, with outcomes queued as objects. Whatever
     escapes it (never the dataset's errors: they are outcomes) is reported as the thread's
-    death, so the iterator replaces it instead of waiting for it."""
+    death (`ThreadLink.escaped`), so the iterator replaces it instead of waiting for it."""
     link = ThreadLink(w, events)
     try:
         try:
             sharing.single_threaded_ops()
         finally:
             w.ops_set.set()
-        seed = cfg.base_seed + w.worker_id  # torch's per-worker seed; this thread's generators
-        info = torch_hooks.make_info(w.worker_id, cfg.num_workers, seed, dataset, "thread")
-        torch_hooks.set_thread_info(info)
-        enter_thread_worker()
-        seeder = (
-            SampleSeeder(cfg.base_seed, w.worker_id, own=info, process_wide=False)
-            if cfg.sample_seeds else None
-        )
-        loop.run(cfg, dataset, w.worker_id, link, w, seeder)
     except BaseException as exc:
-        w.set_up.set()
-        text = describe_exception(exc)[1]
-        raised = f"{type(exc).__qualname__}: {text}" if text else type(exc).__qualname__
-        cause = ThreadEnd(raised, traceback.format_exc())
-        link.put(Died(THREAD, w.worker_id, os.getpid(), w.progress(), cause))
-    finally:
-        torch_hooks.set_thread_info(None)
+        link.escaped(exc)
+        return
+    serve(
+        cfg,
+        dataset,
+        w.worker_id,
+        link,
+        w,
+        process_wide=False,
+        method="thread",
+        began=enter_thread_worker,
+    )

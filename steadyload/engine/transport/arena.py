@@ -37,7 +37,7 @@ HELD_TASKS = 16
 _OUT_OF = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 
-class _Segment:
+class Segment:
     __slots__ = (
         "segment_id", "nbytes", "mm", "addr", "fd", "parent_holds", "local_refs", "sent_at",
     )
@@ -65,11 +65,11 @@ class Arena:
     def __init__(self, worker_id: int) -> None:
         self.active = False
         self._worker_id = worker_id
-        self._segments: dict[int, _Segment] = {}
-        self._free: list[_Segment] = []
+        self._segments: dict[int, Segment] = {}
+        self._free: list[Segment] = []
         self._next_id = 0
         self._hint = _MIN_SEGMENT
-        self._task: list[_Segment] = []
+        self._task: list[Segment] = []
         self._cursor = 0
         self._used = 0
         self._retired: list[int] = []
@@ -86,13 +86,13 @@ class Arena:
                 seg.parent_holds = False
                 self._maybe_free(seg)
 
-    def _local_release(self, seg: _Segment) -> None:
+    def _local_release(self, seg: Segment) -> None:
         # Runs from a weakref callback: only bookkeeping here, no allocation or unmapping.
         seg.local_refs -= 1
         if seg not in self._task:
             self._maybe_free(seg)
 
-    def _maybe_free(self, seg: _Segment) -> None:
+    def _maybe_free(self, seg: Segment) -> None:
         if seg.parent_holds or seg.local_refs or seg.segment_id not in self._segments:
             return
         if seg in self._free:
@@ -125,7 +125,7 @@ class Arena:
                 except BufferError:
                     pass  # still exported after all: it goes with the last view
 
-    def _acquire(self, nbytes: int) -> _Segment:
+    def _acquire(self, nbytes: int) -> Segment:
         fitting = [s for s in self._free if s.nbytes >= nbytes]
         if fitting:
             seg = min(fitting, key=lambda s: s.nbytes)
@@ -133,7 +133,7 @@ class Arena:
             return seg
         size = max(_MIN_SEGMENT, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
         try:
-            seg = _Segment(self._next_id, size, f"steadyload-w{self._worker_id}-{self._next_id}")
+            seg = Segment(self._next_id, size, f"steadyload-w{self._worker_id}-{self._next_id}")
         except OSError as exc:
             if exc.errno not in _OUT_OF:
                 raise
@@ -164,7 +164,7 @@ class Arena:
         self._used = 0
         self.active = True
 
-    def alloc(self, nbytes: int) -> tuple[_Segment, int]:
+    def alloc(self, nbytes: int) -> tuple[Segment, int]:
         """Reserve ``nbytes`` for the current batch; returns (segment, offset)."""
         align = mmap.PAGESIZE if nbytes >= _PAGE_FROM else _ALIGN
         seg = self._task[-1] if self._task else None
@@ -209,7 +209,7 @@ class Arena:
         body, self._ends = storage_table.pack(data, self)
         return body
 
-    def end_task(self, sent: bool) -> tuple[tuple[int, ...], list[_Segment], tuple[int, ...]]:
+    def end_task(self, sent: bool) -> tuple[tuple[int, ...], list[Segment], tuple[int, ...]]:
         """Finish a batch: (its segment ids, segments whose fd must follow, retired ids).
 
         ``sent`` says whether the batch goes to the parent; if not (the task failed), its

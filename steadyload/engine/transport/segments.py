@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from . import storage_table
-from .arena import Arena, _Segment
+from .arena import Arena, Segment
 
 __all__ = ["HAVE_MEMFD", "Arena", "SegmentMap", "announce", "announced"]
 
@@ -43,12 +43,12 @@ _CAN_PUNCH = hasattr(mmap, "MADV_REMOVE")
 _PAGE = mmap.PAGESIZE
 
 
-def announce(segments: list[_Segment]) -> list[int]:
+def announce(segments: list[Segment]) -> list[int]:
     """The descriptors of new segments, to send with the `Done` that announces them."""
     return [s.fd for s in segments if s.fd is not None]
 
 
-def announced(segments: list[_Segment]) -> None:
+def announced(segments: list[Segment]) -> None:
     """The parent has the descriptors (the mappings here keep their own): close ours."""
     for s in segments:
         if s.fd is not None:

@@ -1,14 +1,14 @@
 """The one worker loop: take a task, fetch, collate, report, return the outcome.
 
-Every kind of worker runs `run` (torchdata's ``_apply_udf`` is the model: one function, the
-kind's parts passed in). A kind supplies two things and nothing else:
+Every kind of worker runs `run`, through `serve.serve` (torchdata's ``_apply_udf`` is the
+model: one function, the kind's parts passed in). A kind supplies two things and nothing else:
 
 - a `Link`: how messages reach the worker and how outcomes and batches leave it. A process
   (process/worker.py) receives on a reader thread and sends over its socket, packing each
   batch into shared memory; a thread (thread/worker.py) takes messages from a queue and
   queues the collated batch itself.
 - a liveness signal, on the parent's side (its pool): a process's sentinel, a thread's
-  escaping exception or its abandonment after a hang.
+  escaping exception (queued by its `Link.escaped`) or its abandonment after a hang.
 
 What the loop guarantees for every kind: `Ready` once, then exactly one outcome per task
 (`Done` through `Link.send_batch`, or `Empty`, `Exhausted`, `Failed`), the status fields
@@ -62,6 +62,11 @@ class Link(Protocol):
 
     def after_task(self) -> bool:
         """After each outcome: True when the worker must stop now (it said why)."""
+
+    def escaped(self, exc: BaseException) -> None:
+        """``exc`` escaped the worker (never a dataset's error: those are outcomes): make it
+        the worker's death as its kind's parent sees one (serve.py calls it, in the handler).
+        """
 
 
 class Status(Protocol):
