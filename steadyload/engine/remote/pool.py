@@ -52,7 +52,7 @@ class RemotePool:
     `WorkerPool` (see module)."""
 
     kind: Kind = REMOTE
-    start_method = "ray"
+    start_method: str | None = None  # nothing starts here: Ray places actors (pool.py)
     preload: tuple[str, ...] = ()
 
     def __init__(
@@ -156,7 +156,7 @@ class RemotePool:
 
     @property
     def remote(self) -> RemotePool:
-        """Itself (a `MixedPool` has one too)."""
+        """Itself (a `RoutedPool` has one too)."""
         return self
 
     def ready(self, worker_id: int) -> bool:
