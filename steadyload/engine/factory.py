@@ -17,10 +17,10 @@ from .config import WorkerConfig
 from .events import ServerGone
 from .pool import WorkerPool
 from .process.pool import ProcessPool
-from .remote.mixed import MixedPool
 from .remote.pool import RemotePool
 from .remote.spec import RemoteWorkers
 from .remote.warm import Prestarted
+from .routed import by_id
 from .thread.pool import ThreadPool
 
 
@@ -72,7 +72,7 @@ def make_pool(
         if local_count == 0:
             return _started(remote)
         local = _local_pool(plan, config, local_count, process_checks, start=False)
-        return _started(MixedPool(local, remote, local_count))
+        return _started(by_id(local, remote, local_count))  # remote started first, then local
     return _local_pool(plan, config, num_workers, process_checks, start=True)
 
 

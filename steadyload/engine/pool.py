@@ -1,10 +1,11 @@
 """`WorkerPool`: everything the iterators (and the hand-over) ask of a kind of worker.
 
-`process.pool.ProcessPool`, `thread.pool.ThreadPool` and `choice.handover.HandoverPool`
-provide it; iterators/ is written against it alone, so dispatch, recovery, the hang watch
+`process.pool.ProcessPool`, `thread.pool.ThreadPool` and `remote.pool.RemotePool` provide
+it, and `routed.RoutedPool` over several of them (auto's hand-over, remote workers beside
+local ones); iterators/ is written against it alone, so dispatch, recovery, the hang watch
 and checkpoints are one code for every kind. A pool's waiting is split in three
 (`waitables`, `pending`, `collect`) so that `wait_any` can wait for several pools in one
-poll: the hand-over's threads and processes, and later remote workers beside local ones.
+poll.
 Pools whose workers come from a fork server also provide `ServerPool`.
 """
 
@@ -36,7 +37,7 @@ class WorkerPool(Protocol):
     @property
     def start_method(self) -> str | None:
         """How process workers start ("forkserver", "spawn", "fork", "zygote"); None for
-        threads (nothing starts)."""
+        threads and remote workers (no process starts here)."""
 
     @property
     def preload(self) -> tuple[str, ...]:

@@ -1,8 +1,9 @@
 """``worker_type="auto"``: thread workers at once, process workers when the work needs them.
 
-A `HandoverPool` is one `WorkerPool` over two: a `ThreadPool`, started at once (the
-first batch in milliseconds, no fork server to wait for), and, when the measurement says
-the work holds the GIL (worker_choice.py), a process `ProcessPool`, started by a helper
+A `HandoverPool` is one `WorkerPool` over two, a `RoutedPool` (engine/routed.py) whose
+route is the phase: a `ThreadPool`, started at once (the first batch in milliseconds, no
+fork server to wait for), and, when the measurement says the work holds the GIL
+(worker_kind.py), a process `ProcessPool`, started by a helper
 thread so that the fork server's imports (about a second for torch) overlap with the
 threads still loading. The hand-over is per task, so it needs no pause and loses nothing:
 
@@ -32,11 +33,11 @@ from typing import Any
 
 from ..config import WorkerConfig
 from ..events import Died, GlobalRngDrawn, Received, WorkersChosen
-from ..pool import PROCESS, THREAD, Kind, wait_any
+from ..pool import WorkerPool, wait_any
 from ..process.pool import ProcessPool
 from ..protocol import Empty, Exhausted, Failed
+from ..routed import RoutedPool
 from ..thread.pool import ThreadPool
-from ..worker.status import Progress
 from .worker_kind import GilProbe, WorkerChoice, chose, leans_to_processes, live_choice
 
 _LOG = logging.getLogger(__name__)
@@ -50,30 +51,34 @@ class _LiveViews(Sequence[Any]):
     def __init__(self, pool: HandoverPool) -> None:
         self._pool = pool
 
-    def _current(self) -> Any:
-        procs = self._pool._procs
-        return procs.views if procs is not None else self._pool._threads.views
-
     def __len__(self) -> int:
-        return len(self._current())
+        return len(self._pool._lead().views)
 
     def __getitem__(self, i: Any) -> Any:
-        return self._current()[i]
+        return self._pool._lead().views[i]
 
 
-class HandoverPool:
-    """Thread workers first, process workers once the measurement asks for them."""
+class HandoverPool(RoutedPool):
+    """Thread workers first, process workers once the measurement asks for them: a
+    `RoutedPool` whose route is the phase (`_owner`), plus the hooks where the hand-over
+    differs (which pool a task goes to, respawn, the bookkeeping of what threads hold)."""
 
     def __init__(
-        self, config: WorkerConfig, num_workers: int,
+        self,
+        config: WorkerConfig,
+        num_workers: int,
         processes: Callable[[], tuple[BaseContext, Any]],
-        prepare: Callable[[str], None], *, warm: bool = False,
-    ) -> None:  # fmt: skip
+        prepare: Callable[[str], None],
+        *,
+        warm: bool = False,
+    ) -> None:
+        """``processes``: the start context, resolved only if processes are needed;
+        ``prepare``: the checks a process start needs, given its method."""
         self._config = config
         self._warm = warm  # start the fork server once the figures lean to processes
         self._num_workers = num_workers
-        self._processes = processes  # the start context, resolved only if processes are needed
-        self._prepare = prepare  # the checks a process start needs, given its method
+        self._processes = processes
+        self._prepare = prepare
         self._threads = ThreadPool(config, num_workers)
         self._procs: ProcessPool | None = None
         self._helper: threading.Thread | None = None
@@ -87,30 +92,26 @@ class HandoverPool:
         self._choice: WorkerChoice | None = None
         self._probe = GilProbe()  # until the choice is made
         self._announce: list[tuple[int, object]] = []  # WorkersChosen, for the next wait
+        super().__init__((self._threads,), self._owner)  # the processes join on adoption
         self.views = _LiveViews(self)
-        self.running = False
 
-    @property
-    def kind(self) -> Kind:
-        """"thread" until the processes run, then "process" (new tasks go to them)."""
-        return PROCESS if self._procs is not None else THREAD
+    def _lead(self) -> WorkerPool:
+        """The pool new tasks go to: the threads until the processes run, then those (so
+        `kind`, `start_method`, `preload` and `pids` are theirs)."""
+        return self._procs if self._procs is not None else self._threads
 
-    @property
-    def start_method(self) -> str | None:
-        """The processes' start method once they run; None before."""
-        return self._procs.start_method if self._procs is not None else None
-
-    @property
-    def preload(self) -> tuple[str, ...]:
-        """What the processes' fork server was asked to import."""
-        return self._procs.preload if self._procs is not None else ()
+    def _owner(self, worker_id: int) -> WorkerPool:
+        """The route: whose pid, progress, stack and kill ``worker_id`` means now: the
+        thread while it holds tasks (they are the oldest of that id), else the process."""
+        if self._procs is None or self._held[worker_id] > 0:
+            return self._threads
+        return self._procs
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start the thread workers, and the probe that watches the GIL while they load."""
-        self._threads.start()
+        super().start()
         self._probe.start()
-        self.running = True
 
     def respawn(self, worker_id: int) -> None:
         """A fresh worker for ``worker_id``: a thread until the processes run; then the
@@ -127,30 +128,12 @@ class HandoverPool:
     def shutdown(self) -> None:
         """Stop both pools. A process start still under way is not waited for (the fork
         server may be importing torch): the helper stops those workers itself."""
-        self.running = False
         self._probe.stop()
-        self._threads.shutdown()
         with self._lock:
             self._closing = True
             if self._helper is not None and not self._helper.is_alive():
                 self._adopt()
-        if self._procs is not None:
-            self._procs.shutdown()
-
-    @property
-    def stopped(self) -> bool:
-        """Whether both pools have stopped."""
-        return self._threads.stopped and (self._procs is None or self._procs.stopped)
-
-    def restart_server(self, method: str, pid: int) -> tuple[str, ...]:
-        """The process workers' fork server died: start a new one (`ServerPool`)."""
-        assert self._procs is not None
-        return self._procs.restart_server(method, pid)
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        """The clock both pools measure with."""
-        return self._threads.clock
+        super().shutdown()
 
     # -- the hand-over -----------------------------------------------------------------------
     def _decide(self, draws_globally: bool = False) -> None:
@@ -230,32 +213,17 @@ class HandoverPool:
             self._stay(f"starting process workers failed ({type(error).__name__}: {error})")
             return
         self._procs = self._started
+        self._pools.append(self._procs)  # routed to, polled and stopped from now on
         assert self._choice is not None
         self._announce.append((CHOSEN, WorkersChosen(
             "process", self._choice.reason + "; the first batches came from thread workers "
             "while the processes started", self._method, self._preload,
         )))  # fmt: skip
 
-    # -- messaging ---------------------------------------------------------------------------
-    def _owner(self, worker_id: int) -> Any:
-        """Whose progress, stack and kill ``worker_id`` means now: the thread while it holds
-        tasks (they are the oldest of that id), else the process."""
-        if self._procs is None or self._held[worker_id] > 0:
-            return self._threads
-        return self._procs
-
-    def pid(self, worker_id: int) -> int | None:
-        """The pid of the worker that holds ``worker_id``'s oldest tasks."""
-        return self._owner(worker_id).pid(worker_id)
-
-    def pids(self) -> dict[int, int]:
-        """The process workers' pids (threads have no memory of their own)."""
-        return self._procs.pids() if self._procs is not None else {}
-
+    # -- where hand-over differs from the route ----------------------------------------------
     def started_at(self, worker_id: int) -> float | None:
         """When the latest worker of ``worker_id`` was asked for. [Unit: second]"""
-        pool = self._procs if self._procs is not None else self._threads
-        return pool.started_at(worker_id)
+        return self._lead().started_at(worker_id)
 
     def send_task(self, worker_id: int, task_id: int, indices: Any, epoch: int = 0) -> None:
         """To the thread of ``worker_id`` until the processes run, then to its process."""
@@ -274,20 +242,16 @@ class HandoverPool:
     def send_reset(self) -> None:
         """A new epoch (persistent workers): to whichever pools run."""
         self._adopt()
-        if self._threads.running:
-            self._threads.send_reset()
-        if self._procs is not None:
-            self._procs.send_reset()
+        super().send_reset()
 
     def waitables(self) -> list[Any]:
-        """The running pools' waitables."""
+        """The running pools' waitables (the processes' too, once adopted)."""
         self._adopt()
-        out = self._threads.waitables() if self._threads.running else []
-        return out + (self._procs.waitables() if self._procs is not None else [])
+        return super().waitables()
 
     def pending(self) -> bool:
-        """An announcement to make, or thread events queued."""
-        return bool(self._announce) or (self._threads.running and self._threads.pending())
+        """An announcement to make, or events queued."""
+        return bool(self._announce) or super().pending()
 
     def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
         """Events of both pools, and `WorkersChosen` once; decides and adopts as they come."""
@@ -307,27 +271,14 @@ class HandoverPool:
         return from_threads + events + self._announce_now()
 
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
-        """Events of both pools, and `WorkersChosen` once. [Unit: second]"""
+        """Events of both pools, and `WorkersChosen` once: the poll goes through this
+        pool's own `collect`, which keeps the books. [Unit: second]"""
         return wait_any((self,), timeout_s)
 
     def _announce_now(self) -> list[tuple[int, object]]:
         events, self._announce = self._announce, []
         return events
 
-    def progress(self, worker_id: int) -> Progress | None:
-        """What the worker of ``worker_id`` that holds its oldest tasks is doing."""
-        return self._owner(worker_id).progress(worker_id)
-
     def on_its_way(self, worker_id: int) -> bool:
         """Whether an outcome is waiting in either pool."""
-        if self._threads.running and self._threads.on_its_way(worker_id):
-            return True
-        return self._procs is not None and self._procs.on_its_way(worker_id)
-
-    def dump_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
-        """The stack of the worker of ``worker_id`` that holds its oldest tasks."""
-        return str(self._owner(worker_id).dump_stack(worker_id, wait_s))
-
-    def kill(self, worker_id: int) -> None:
-        """Kill (a thread: abandon) the worker of ``worker_id`` that holds its oldest tasks."""
-        self._owner(worker_id).kill(worker_id)
+        return any(pool.on_its_way(worker_id) for pool in self._live())

@@ -53,7 +53,7 @@ class RemotePool:
     `WorkerPool` (see module)."""
 
     kind: Kind = REMOTE
-    start_method = "ray"
+    start_method: str | None = None  # nothing starts here: Ray places actors (pool.py)
     preload: tuple[str, ...] = ()
 
     def __init__(
@@ -157,7 +157,7 @@ class RemotePool:
 
     @property
     def remote(self) -> RemotePool:
-        """Itself (a `MixedPool` has one too)."""
+        """Itself (a `RoutedPool` has one too)."""
         return self
 
     def ready(self, worker_id: int) -> bool:
