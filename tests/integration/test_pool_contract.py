@@ -21,14 +21,17 @@ import torch
 from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
+from steadyload import diagnosis
 from steadyload.engine.config import WorkerConfig
-from steadyload.engine.events import Died, Received
+from steadyload.engine.events import Cause, Died, Loss, Received
 from steadyload.engine.pool import WorkerPool
 from steadyload.engine.process.pool import ProcessPool
 from steadyload.engine.protocol import Ready
 from steadyload.engine.thread.pool import ThreadPool
 from steadyload.engine.worker.fetch import MAP
+from steadyload.errors import WorkerDiedError
 from steadyload.start.context import resolve_context
+from tests import fake_kind
 from tests.datasets import MapDS
 
 Event = tuple[int, object]
@@ -43,6 +46,7 @@ def _process_pool(config: WorkerConfig, num_workers: int) -> WorkerPool:
 KINDS: dict[str, Callable[[WorkerConfig, int], WorkerPool]] = {
     "process": _process_pool,
     "thread": lambda config, num_workers: ThreadPool(config, num_workers),
+    fake_kind.KIND: fake_kind.pool,  # a test-only kind: a link and a cause (tests/fake_kind.py)
 }
 """kind -> build an unstarted pool of ``num_workers`` for ``config``."""
 
@@ -183,7 +187,13 @@ def test_a_killed_worker_is_reported_dead_and_its_replacement_works(
     events = _collect(pool, lambda ev: any(_death_of(e) == 1 for e in ev), "worker 1's death")
     assert [_death_of(e) for e in events if _death_of(e) is not None] == [1]
     died = next(e for w, e in events if _death_of((w, e)) == 1)
-    assert isinstance(died, Died) and died.pid == pid
+    assert isinstance(died, Died) and died.pid == pid and died.worker_id == 1
+    assert died.kind == pool.kind and isinstance(died.cause, Cause)  # the kind's own cause
+    evidence = diagnosis.Evidence()
+    loss = Loss(1, pid, None, [4, 5], 1, [], evidence, outcome="steadyload re-ran it.")
+    error = died.cause.explain(loss)
+    assert isinstance(error, WorkerDiedError) and "steadyload re-ran it." in str(error)
+    assert "worker 1" in str(error)
     pool.respawn(1)
     events = _collect(pool, lambda ev: 1 in _readies(ev), "the replacement's Ready")
     assert _readies(events) == [1]

@@ -251,3 +251,20 @@ def remote_died(
         evidence={"kind": "remote", "node_id": cause.node_id, "address": cause.address,
                   "node_lost": cause.node_lost, "ray": cause.ray_text, "sample": sample},
     )  # fmt: skip
+
+
+def stack(ray: Any, a: Any, wait_s: float) -> str:
+    """A remote worker's Python stacks, asked of its actor's control group (answered while
+    the loop is busy), headed by where it runs; keeps its status fields on ``a`` (its
+    `records.Actor`) for the hang report. [Unit: second]"""
+    head = (
+        f"Remote worker {a.worker_id} (Ray actor, pid {a.pid}, node {a.node_id[:12]} at "
+        f"{a.address})"
+    )
+    try:
+        ref = a.handle.stack.options(concurrency_group=CONTROL).remote()
+        text, fields = ray.get(ref, timeout=max(wait_s, 5.0))
+    except Exception as exc:
+        return f"{head}: no stack ({type(exc).__name__}: {first_lines(str(exc))})"
+    a.fields = fields
+    return f"{head}:\n{text}"

@@ -35,12 +35,11 @@ from typing import Any
 from ..config import WorkerConfig
 from ..events import Died, Received
 from ..pool import REMOTE, Kind
-from ..protocol import Done, Reset, Restore, Retire, StartFailed, Stop, Task
+from ..protocol import Done, Reset, Restore, Retire, StartFailed, Task
 from ..transport.outbox import Outbox
 from ..worker.fetch import MAP, stateful
 from ..worker.status import Progress
 from . import liveness, sharing
-from .actor import CONTROL
 from .records import Actor, RemoteView, dumps_config
 from .spec import RemoteWorkers, connect, import_ray
 from .warm import Prestarted, actor_class
@@ -57,9 +56,14 @@ class RemotePool:
     preload: tuple[str, ...] = ()
 
     def __init__(
-        self, config: WorkerConfig, spec: RemoteWorkers, first_id: int, *,
-        clock: Callable[[], float] = time.monotonic, prestarted: Prestarted | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        config: WorkerConfig,
+        spec: RemoteWorkers,
+        first_id: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        prestarted: Prestarted | None = None,
+    ) -> None:
         self._config = config
         self._prestarted = prestarted  # the loader's actors started at its build (warm.py)
         self._spec = spec
@@ -118,8 +122,12 @@ class RemotePool:
         self.views[worker_id - self._first] = RemoteView(worker_id, a)
         a.calls.put((a.handle.begin.remote(), _BEGIN))
         a.calls.put((a.handle.ready.remote(), _READY))
-        threading.Thread(target=self._collect_calls, args=(a,), daemon=True,
-                         name=f"steadyload-remote-{worker_id}").start()  # fmt: skip
+        threading.Thread(
+            target=self._collect_calls,
+            args=(a,),
+            daemon=True,
+            name=f"steadyload-remote-{worker_id}",
+        ).start()
 
     def retire(self, worker_id: int) -> None:
         """Stop ``worker_id``'s actor for good (the pool shrinks): no event follows."""
@@ -228,9 +236,14 @@ class RemotePool:
         (sharing.py); they start again at the next send. Returns the worker ids."""
         with self._lock:
             live = [a for a in self._actors.values() if not a.gone]
-            if (not self.running or not self._shareable or self._in_poll or not live
-                    or time.monotonic() - self._polled < sharing.IDLE_S
-                    or any(a.held for a in live)):  # fmt: skip
+            if (
+                not self.running
+                or not self._shareable
+                or self._in_poll
+                or not live
+                or time.monotonic() - self._polled < sharing.IDLE_S
+                or any(a.held for a in live)
+            ):
                 return []
             for a in live:
                 a.gone = True  # under the lock: a send now asks for them again
@@ -243,16 +256,18 @@ class RemotePool:
     def _on_failure(self, a: Actor, task_id: int, exc: BaseException) -> None:
         """A call raised: the actor, its node or a result is gone. One `Died`, for one actor
         or (worker id -1, the cause's group) every actor of a lost node."""
-        cause = liveness.classify(self._ray, exc, a.handle, a.node_id,
-                                a.address, a.pid)  # fmt: skip
+        cause = liveness.classify(self._ray, exc, a.handle, a.node_id, a.address, a.pid)
         with self._lock:  # the first collector to see it claims every actor it took
             if a.gone or self._actors.get(a.worker_id) is not a:
                 return
             group = [a]
             if cause.node_lost and a.node_id:
                 self._lost_nodes.add(a.node_id)
-                group += [b for b in self._actors.values()
-                          if b is not a and b.node_id == a.node_id and not b.gone]  # fmt: skip
+                group += [
+                    b
+                    for b in self._actors.values()
+                    if b is not a and b.node_id == a.node_id and not b.gone
+                ]
             for b in group:
                 b.gone = True
                 self._generations[b.worker_id] += 1
@@ -296,10 +311,6 @@ class RemotePool:
         for worker_id in list(self._actors):
             self._send(worker_id, Reset())
 
-    def stop_worker(self, worker_id: int) -> None:
-        """Let an actor's loop end after its tasks (`Stop`)."""
-        self._send(worker_id, Stop())
-
     def waitables(self) -> list[Any]:
         """The outbox's socket, armed (as a `ThreadPool`'s)."""
         self._in_poll = True
@@ -313,17 +324,7 @@ class RemotePool:
     def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
         """Every queued event of a current actor (or pool-wide), without blocking."""
         self._polled, self._in_poll = time.monotonic(), False
-        events = self._events
-        if events.armed:
-            events.armed = False
-            if events in ready:
-                events.drain()
-        out: list[tuple[int, object]] = []
-        while not events.queue.empty():
-            worker_id, generation, event = events.queue.get_nowait()
-            if worker_id < 0 or generation == self._generations[worker_id]:
-                out.append((worker_id, event))
-        return out
+        return self._events.take(ready, self._generations)
 
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
         """Block until an event arrives or ``timeout_s`` passes. [Unit: second]"""
@@ -368,15 +369,7 @@ class RemotePool:
         a = self._actors.get(worker_id)
         if a is None:
             return ""
-        head = (f"Remote worker {worker_id} (Ray actor, pid {a.pid}, node {a.node_id[:12]} at "
-                f"{a.address})")  # fmt: skip
-        try:
-            ref = a.handle.stack.options(concurrency_group=CONTROL).remote()
-            text, fields = self._ray.get(ref, timeout=max(wait_s, 5.0))
-        except Exception as exc:
-            return f"{head}: no stack ({type(exc).__name__}: {liveness.first_lines(str(exc))})"
-        a.fields = fields
-        return f"{head}:\n{text}"
+        return liveness.stack(self._ray, a, wait_s)
 
     def kill(self, worker_id: int) -> None:
         """Kill the actor now (a hang); its `Died` event follows."""

@@ -50,9 +50,8 @@ from ..transport.outbox import Outbox
 from ..worker.fetch import ITERABLE, stateful
 from ..worker.status import IDLE, Progress
 from ..worker.torch_hooks import install_per_thread
-from .liveness import ThreadEnd
 from .sharing import drawn, global_rngs, process_rngs, restore_default, restore_rngs
-from .worker import WorkerThread, thread_main
+from .worker import ThreadLink, WorkerThread, thread_main
 
 _JOIN_S = 2.0  # how long shutdown waits for a thread that is inside a dataset call
 DRAW_CHECKS = 256
@@ -85,7 +84,8 @@ def _stop_at_exit() -> None:
                 "steadyload: %s is still inside a dataset call at exit (waited %.0f s); the "
                 "interpreter may abort if that call is in native code. A call that never "
                 "returns is a hang: pass hang_timeout= to have it found during training.",
-                thread.name, EXIT_JOIN_S,
+                thread.name,
+                EXIT_JOIN_S,
             )
 
 
@@ -134,10 +134,16 @@ class ThreadPool:
     """Owns the worker threads of one iterator; a `WorkerPool` (see module)."""
 
     def __init__(
-        self, config: WorkerConfig, num_workers: int, *,
+        self,
+        config: WorkerConfig,
+        num_workers: int,
+        *,
         clock: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
+        link: type[ThreadLink] = ThreadLink,
+    ) -> None:
         self._config = config
+        self._link = link  # its transport and its causes: threads', or another kind's
+        self.kind: Kind = link.kind
         self._num_workers = num_workers
         self._clock = clock
         self._workers: list[WorkerThread | None] = [None] * num_workers
@@ -197,9 +203,11 @@ class ThreadPool:
         own = cfg.dataset_kind == ITERABLE or stateful(cfg.dataset)
         dataset = _replica(cfg.dataset) if own else cfg.dataset
         w.thread = threading.Thread(
-            target=thread_main, args=(cfg, dataset, w, self._events),
-            name=f"steadyload-thread-{worker_id}", daemon=True,
-        )  # fmt: skip
+            target=thread_main,
+            args=(cfg, dataset, w, self._events, self._link),
+            name=f"steadyload-thread-{worker_id}",
+            daemon=True,
+        )
         self._workers[worker_id] = w
         self.views[worker_id] = ThreadView(worker_id, w.thread)
         threads_here = torch.get_num_threads()
@@ -289,11 +297,6 @@ class ThreadPool:
     def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
         """Every queued event, without blocking; those of abandoned threads are dropped.
         Runs where Ctrl-C is held, so no dequeued event can be lost to it."""
-        events = self._events
-        if events.armed:
-            events.armed = False
-            if events in ready:  # (a byte sent after the poll wakes the next one: harmless)
-                events.drain()
         out: list[tuple[int, object]] = []
         before, self._rngs_before = self._rngs_before, None
         if before is not None:
@@ -301,11 +304,7 @@ class ThreadPool:
             if drawn(before):  # while the training loop waited: a worker drew
                 self._draw_checks = 0
                 out.append((-1, GlobalRngDrawn(type(self._config.dataset))))
-        while not events.queue.empty():
-            worker_id, generation, event = events.queue.get_nowait()
-            if worker_id >= 0 and generation == self._generations[worker_id]:
-                out.append((worker_id, event))
-        return out
+        return out + self._events.take(ready, self._generations)
 
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
         """Block until an event arrives or ``timeout_s`` passes: on the outbox's event, not
@@ -317,7 +316,7 @@ class ThreadPool:
 
     def wake(self) -> None:
         """End a `wait` under way, without an event (safe from any thread)."""
-        self._events.put((-1, 0, None))
+        self._events.wake()
 
     def progress(self, worker_id: int) -> Progress | None:
         """What the thread is doing now."""
@@ -336,9 +335,8 @@ class ThreadPool:
         frame = sys._current_frames().get(w.thread.ident)
         if frame is None:
             return ""
-        return (
-            f'Thread "{w.thread.name}" (most recent call last):\n'
-            + "".join(traceback.format_stack(frame))
+        return f'Thread "{w.thread.name}" (most recent call last):\n' + "".join(
+            traceback.format_stack(frame)
         )
 
     def kill(self, worker_id: int) -> None:
@@ -352,5 +350,5 @@ class ThreadPool:
         # reaped: its progress still shows the hung task, and tasks sent meanwhile are
         # re-sent to the replacement (they are still held).
         self._generations[worker_id] += 1  # what it sends from now on is dropped
-        died = Died(THREAD, worker_id, os.getpid(), w.progress(), ThreadEnd())
+        died = Died(self.kind, worker_id, os.getpid(), w.progress(), self._link.cause())
         self._events.put((worker_id, self._generations[worker_id], died))

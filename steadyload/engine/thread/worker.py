@@ -20,8 +20,8 @@ import numpy as np
 from ...diagnosis.describe import describe_exception
 from ...per_worker import enter_thread_worker
 from ..config import WorkerConfig
-from ..events import Died, Received
-from ..pool import THREAD
+from ..events import Cause, Died, Received
+from ..pool import THREAD, Kind
 from ..protocol import Done, Ready, Stop
 from ..transport.outbox import Outbox
 from ..worker.serve import serve
@@ -66,6 +66,14 @@ class ThreadLink:
     as objects. It also measures the thread's tasks for ``worker_type="auto"``."""
 
     keeps_objects = True
+    kind: Kind = THREAD
+    """The kind its pool reports (a subclass with another transport is another kind)."""
+
+    @staticmethod
+    def cause(raised: str = "", traceback: str = "") -> Cause:
+        """Why a thread of this kind ended: ``raised`` escaped it, or (empty) it was
+        abandoned."""
+        return ThreadEnd(raised, traceback)
 
     def __init__(self, w: WorkerThread, events: Outbox) -> None:
         self._w = w
@@ -115,8 +123,11 @@ class ThreadLink:
         w = self._w
         if not self._first:
             tasks, samples, wall = w.measured
-            w.measured = (tasks + 1, samples + self._samples,
-                          wall + time.perf_counter() - self._began)  # fmt: skip
+            w.measured = (
+                tasks + 1,
+                samples + self._samples,
+                wall + time.perf_counter() - self._began,
+            )
         self._first = False
         return w.abandoned
 
@@ -126,15 +137,21 @@ class ThreadLink:
         w.set_up.set()
         text = describe_exception(exc)[1]
         raised = f"{type(exc).__qualname__}: {text}" if text else type(exc).__qualname__
-        cause = ThreadEnd(raised, traceback.format_exc())
-        self.put(Died(THREAD, w.worker_id, os.getpid(), w.progress(), cause))
+        cause = self.cause(raised, traceback.format_exc())
+        self.put(Died(self.kind, w.worker_id, os.getpid(), w.progress(), cause))
 
 
-def thread_main(cfg: WorkerConfig, dataset: Any, w: WorkerThread, events: Outbox) -> None:
+def thread_main(
+    cfg: WorkerConfig,
+    dataset: Any,
+    w: WorkerThread,
+    events: Outbox,
+    link_type: type[ThreadLink] = ThreadLink,
+) -> None:
     """One worker thread: the worker loop, with outcomes queued as objects. Whatever
     escapes it (never the dataset's errors: they are outcomes) is reported as the thread's
     death (`ThreadLink.escaped`), so the iterator replaces it instead of waiting for it."""
-    link = ThreadLink(w, events)
+    link = link_type(w, events)
     try:
         try:
             sharing.single_threaded_ops()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import queue
 import socket
 import threading
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from ..interrupts import interrupts_allowed
 
@@ -63,6 +65,29 @@ class Outbox:
                 pass
         except OSError:
             pass
+
+    def take(
+        self, ready: Collection[Any], generations: Mapping[int, int] | Sequence[int]
+    ) -> list[tuple[int, object]]:
+        """Every queued event, without blocking: ``(worker_id, event)`` of the workers'
+        current generations (a replaced worker's are dropped) and pool-wide ones (worker id
+        -1; a `wake`'s empty one dropped). Disarms, and drains the wake-up bytes if the
+        poll's ``ready`` saw them."""
+        if self.armed:
+            self.armed = False
+            if self in ready:  # (a byte sent after the poll wakes the next one: harmless)
+                self.drain()
+        out: list[tuple[int, object]] = []
+        while not self.queue.empty():
+            worker_id, generation, event = self.queue.get_nowait()
+            current = event is not None if worker_id < 0 else generation == generations[worker_id]
+            if current:
+                out.append((worker_id, event))
+        return out
+
+    def wake(self) -> None:
+        """End a `wait` under way, without an event (safe from any thread)."""
+        self.put((-1, 0, None))
 
     def close(self) -> None:
         """Close the socket pair (a later `put` still queues; its byte is dropped)."""
