@@ -283,3 +283,13 @@ def test_no_module_imports_a_private_name_of_another() -> None:
     # Private modules (`from . import _bench_run`) are fine; only names inside modules count.
     wrong = [w for m, p in MODULES.items() for w in _private_uses(m, p)]
     assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_package_root_is_the_public_face_and_mechanisms_are_wings() -> None:
+    # A flat root hides the architecture: each mechanism is a sub-package (resume/,
+    # diagnosis/, host/, engine/worker/, ...). The limits are the layout's (DESIGN.md).
+    def count(folder: Path) -> int:
+        return sum(1 for p in folder.glob("*.py"))
+
+    assert count(PACKAGE) <= 14, sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert count(PACKAGE / "engine") <= 8, sorted(p.name for p in (PACKAGE / "engine").glob("*.py"))
