@@ -17,7 +17,6 @@ import torch.utils.data
 
 from .arguments import checked_snapshot_steps, torch_arguments
 from .engine.choice.plans import WorkerPlans
-from .engine.choice.worker_kind import WorkerChoice
 from .engine.remote.spec import RemoteWorkers, all_workers, remote_spec
 from .engine.remote.warm import prestart as prestart_remote
 from .host.system import parse_bytes
@@ -28,13 +27,12 @@ from .options import OPTION_NAMES, LoaderOptions, options_of
 from .rebuild_watch import caller_frame, note_read
 from .report import LoaderReport
 from .resume.checkpoint import Checkpoints, Mark
-from .start.context import StartInfo
 from .worker_count import AutoChoice, resolve_num_workers
 
 _T_co = TypeVar("_T_co", covariant=True)
 
 
-class DataLoader(WorkerPlans, torch.utils.data.DataLoader[_T_co]):
+class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in `torch.utils.data.DataLoader` whose workers are supervised and fork-safe.
 
     Takes torch's arguments with torch's meaning and yields the same batches (for the same
@@ -197,8 +195,7 @@ class DataLoader(WorkerPlans, torch.utils.data.DataLoader[_T_co]):
         # replays on the loader it rebuilds just the attribute writes made after them.
         for name in OPTION_NAMES:
             setattr(self, name, getattr(self, name))
-        self._start: tuple[multiprocessing.context.BaseContext, StartInfo] | None = None
-        self._worker_choice: WorkerChoice | None = None  # worker_type="auto", once measured
+        self._plans = WorkerPlans()  # the start context and auto's choice, once per loader
         self._last_run: RunRecord | None = None
         self._history = History()  # every epoch's report, for report(all_epochs=True)
         self._checkpoints = Checkpoints()  # epoch number and resume state (checkpoint.py)
@@ -208,7 +205,7 @@ class DataLoader(WorkerPlans, torch.utils.data.DataLoader[_T_co]):
             # Start the fork server now, so that its imports overlap with the caller's
             # set-up (building the model). Not while this process is itself a worker
             # importing the main script: a loader built at top level is harmless there.
-            self._start_context()
+            self._plans.start_context(self)
         # Remote workers likewise, when this process is connected to Ray (warm.py).
         self._prestarted = None if inheriting else prestart_remote(self)
 
@@ -270,7 +267,7 @@ class DataLoader(WorkerPlans, torch.utils.data.DataLoader[_T_co]):
         the "auto" choice, its epoch count and a loaded state not yet used (integrations)."""
         self._report_every, self._auto = other._report_every, other._auto
         self._history = other._history
-        self._worker_choice = other._worker_choice
+        self._plans.choice = other._plans.choice
         self._checkpoints = other._checkpoints.for_twin()
 
     def _checked_options(self) -> LoaderOptions:
@@ -303,15 +300,15 @@ class DataLoader(WorkerPlans, torch.utils.data.DataLoader[_T_co]):
         if self.num_workers == 0 and self._options.remote is None:
             iterator = InProcessIterator(self, self._options, self._checkpoints, self._history)
         else:
-            plan = self._pool_plan()
+            plan = self._plans.plan(self, self._options, self._last_run, self._prestarted)
             if plan.kind == "process":  # "auto" may have chosen threads
                 self.check_worker_number_rationality()
             iterator = WorkerIterator(self, self._options, plan, self._checkpoints, self._history)
         self._last_run = iterator.record
         iterator.record.periodic = self._report_every
         iterator.record.num_workers_choice = self._auto.reason if self._auto else None
-        if self._worker_choice is not None and self.num_workers > 0:
-            iterator.record.worker_type_choice = self._worker_choice.reason
+        if self._plans.choice is not None and self.num_workers > 0:
+            iterator.record.worker_type_choice = self._plans.choice.reason
         return iterator
 
     def state_dict(self) -> dict[str, Any]:
@@ -371,7 +368,7 @@ class DataLoader(WorkerPlans, torch.utils.data.DataLoader[_T_co]):
 
         Cheap; safe to call at any time, also while iterating or after the run.
         """
-        info = self._start[1] if self._start is not None else None
+        info = self._plans.start_info
         return self._history.report(all_epochs) or not_started(info, self._auto)
 
 

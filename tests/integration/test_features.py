@@ -28,7 +28,7 @@ def test_get_worker_info_inside_workers_matches_torch() -> None:
 
 def test_default_start_method_is_forkserver_with_preload() -> None:
     loader = sl.DataLoader(MapDS(4), num_workers=1)
-    ctx, info = loader._start_context()
+    ctx, info = loader._plans.start_context(loader)
     assert info.method == "forkserver"
     # The session's fork server was started before this dataset's module was known, so it
     # has the preloads of that time; a fresh process preloads the dataset module too
@@ -41,13 +41,13 @@ def test_default_start_method_is_forkserver_with_preload() -> None:
 def test_multiprocessing_context_is_honoured(method: str) -> None:
     for ctx in (method, multiprocessing.get_context(method)):
         loader = sl.DataLoader(MapDS(6), batch_size=2, num_workers=2, multiprocessing_context=ctx)
-        assert loader._start_context()[1].method == method
+        assert loader._plans.start_context(loader)[1].method == method
         assert_same_batches(list(loader), list(torch.utils.data.DataLoader(MapDS(6), batch_size=2)))
 
 
 def test_start_method_option() -> None:
     loader = sl.DataLoader(MapDS(6), batch_size=2, num_workers=1, start_method="fork")
-    assert loader._start_context()[1].method == "fork"
+    assert loader._plans.start_context(loader)[1].method == "fork"
     assert len(list(loader)) == 3
     with pytest.raises(ValueError, match=r"start_method must be one of .*got 'threads'"):
         sl.DataLoader(MapDS(6), num_workers=1, start_method="threads")

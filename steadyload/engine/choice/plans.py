@@ -1,8 +1,9 @@
 """`WorkerPlans`: which workers each iterator of a `DataLoader` starts.
 
-A mixin of `steadyload.DataLoader` (loader.py): processes (their start context, decided
-once per loader), threads, ``worker_type="auto"``'s choice, and remote workers beside the
-local ones (engine/factory.py builds the pool from the plan).
+A loader owns one (loader.py): it remembers what is decided once per loader, the
+processes' start context and ``worker_type="auto"``'s choice, and makes each iterator's
+`PoolPlan` from the loader's arguments: processes, threads, auto's threads-then-processes,
+and remote workers beside the local ones (engine/factory.py builds the pool from it).
 """
 
 from __future__ import annotations
@@ -17,49 +18,51 @@ from .worker_kind import WorkerChoice, static_choice
 
 
 class WorkerPlans:
-    """The pool plan of a loader's next iterator (mixed into `DataLoader`)."""
+    """The pool plans of one loader's iterators, and what they decide once per loader."""
 
-    _options: Any
-    _last_run: Any
-    _worker_choice: WorkerChoice | None
-    _start: tuple[multiprocessing.context.BaseContext, StartInfo] | None
-    num_workers: int
-    multiprocessing_context: Any
-    dataset: Any
-    _prestarted: Any
+    def __init__(self) -> None:
+        self.start: tuple[multiprocessing.context.BaseContext, StartInfo] | None = None
+        """The processes' context and how it was chosen, once resolved."""
+        self.choice: WorkerChoice | None = None
+        """``worker_type="auto"``'s choice, once made (statically or measured)."""
 
-    def _pool_plan(self) -> PoolPlan:
-        """This iterator's workers: processes (their context), threads, or, with "auto"
+    @property
+    def start_info(self) -> StartInfo | None:
+        """How the processes start, once resolved."""
+        return self.start[1] if self.start is not None else None
+
+    def plan(self, loader: Any, options: Any, last_run: Any, prestarted: Any) -> PoolPlan:
+        """The next iterator's workers: processes (their context), threads, or, with "auto"
         undecided, threads that may hand over to processes (engine/choice/handover.py);
-        and remote workers beside them."""
-        remote = self._options.remote
+        and remote workers beside them (``prestarted``: the loader's, warm.py)."""
+        remote = options.remote
         if remote is None:
-            return self._local_plan()
-        warm = self._prestarted
-        if self.num_workers == 0:
-            return PoolPlan("remote", remote=remote, prestarted=warm)
-        return dataclasses.replace(self._local_plan(), remote=remote, prestarted=warm)
+            return self._local(loader, options, last_run)
+        if loader.num_workers == 0:
+            return PoolPlan("remote", remote=remote, prestarted=prestarted)
+        local = self._local(loader, options, last_run)
+        return dataclasses.replace(local, remote=remote, prestarted=prestarted)
 
-    def _local_plan(self) -> PoolPlan:
-        kind = self._options.worker_type
+    def _local(self, loader: Any, options: Any, last_run: Any) -> PoolPlan:
+        kind = options.worker_type
         if kind == "auto":
-            last = self._last_run
-            if self._worker_choice is None and last is not None and last.auto_kind:  # decided
-                self._worker_choice = WorkerChoice(last.auto_kind, last.worker_type_choice or "")
-            if self._worker_choice is None:
-                self._worker_choice = static_choice(self, self._options.max_worker_memory_bytes)
-            if self._worker_choice is None:  # measured on the first batches
-                warm = warms_in_background(self._options.start_method, self.multiprocessing_context)
-                return PoolPlan("auto", processes=self._start_context, warm=warm)
-            kind = self._worker_choice.kind
+            if self.choice is None and last_run is not None and last_run.auto_kind:  # decided
+                self.choice = WorkerChoice(last_run.auto_kind, last_run.worker_type_choice or "")
+            if self.choice is None:
+                self.choice = static_choice(loader, options.max_worker_memory_bytes)
+            if self.choice is None:  # measured on the first batches
+                warm = warms_in_background(options.start_method, loader.multiprocessing_context)
+                return PoolPlan("auto", processes=lambda: self.start_context(loader), warm=warm)
+            kind = self.choice.kind
         if kind == "thread":
             return THREADS
-        return PoolPlan("process", *self._start_context())
+        return PoolPlan("process", *self.start_context(loader))
 
-    def _start_context(self) -> tuple[multiprocessing.context.BaseContext, StartInfo]:
-        """The workers' context and how it was chosen (decided once per loader)."""
-        explicit = self.multiprocessing_context
-        if self._start is None or (explicit is not None and self._start[0] is not explicit):
-            module = type(self.dataset).__module__
-            self._start = resolve_context(self._options.start_method, explicit, module)
-        return self._start
+    def start_context(self, loader: Any) -> tuple[multiprocessing.context.BaseContext, StartInfo]:
+        """The workers' context and how it was chosen (decided once per loader, again if
+        the loader's ``multiprocessing_context`` was changed since)."""
+        explicit = loader.multiprocessing_context
+        if self.start is None or (explicit is not None and self.start[0] is not explicit):
+            module = type(loader.dataset).__module__
+            self.start = resolve_context(loader._options.start_method, explicit, module)
+        return self.start
