@@ -283,3 +283,23 @@ def test_no_module_imports_a_private_name_of_another() -> None:
     # Private modules (`from . import _bench_run`) are fine; only names inside modules count.
     wrong = [w for m, p in MODULES.items() for w in _private_uses(m, p)]
     assert not wrong, "\n".join(sorted(wrong))
+
+
+FORMATTER_ESCAPES_ALLOWED = {  # being edited; emptied before the issue closes
+    "steadyload/engine/thread/pool.py",
+    "steadyload/engine/thread/worker.py",
+    "steadyload/engine/remote/pool.py",
+    "steadyload/engine/transport/outbox.py",
+}
+
+
+def test_no_formatter_escapes() -> None:
+    # The formatter's layout is the house layout: a module that only fits in 400 lines by
+    # hand-packing statements is split instead (issue #35).
+    wrong = [
+        str(path.relative_to(ROOT))
+        for path in MODULES.values()
+        if "# fmt: skip" in path.read_text()
+        and path.relative_to(ROOT).as_posix() not in FORMATTER_ESCAPES_ALLOWED
+    ]
+    assert not wrong, "# fmt: skip in:\n" + "\n".join(sorted(wrong))
