@@ -10,10 +10,18 @@ import torch.utils.data
 
 # What torch keeps on a DataLoader of its arguments besides the dataset and the sampling.
 _TORCH_ATTRIBUTES = (
-    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
-    "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
-    "pin_memory_device", "in_order",
-)  # fmt: skip
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
 # torchdata's StatefulDataLoader adds this one; steadyload accepts it (see DataLoader).
 _TORCHDATA_ATTRIBUTES = ("snapshot_every_n_steps",)
 

@@ -16,9 +16,15 @@ ON_ERROR = ("raise", "skip")
 WORKER_TYPES = ("process", "thread", "auto")
 # The DataLoader keyword arguments (and attributes) that hold these options.
 OPTION_NAMES = (
-    "start_method", "max_restarts", "on_error", "hang_timeout", "max_worker_memory",
-    "sample_seeds", "worker_type", "remote_workers",
-)  # fmt: skip
+    "start_method",
+    "max_restarts",
+    "on_error",
+    "hang_timeout",
+    "max_worker_memory",
+    "sample_seeds",
+    "worker_type",
+    "remote_workers",
+)
 
 
 def options_of(loader: Any) -> dict[str, Any]:
@@ -71,7 +77,8 @@ class LoaderOptions:
                 f"got {self.start_method!r}"
             )
         if (
-            not isinstance(self.max_restarts, int) or isinstance(self.max_restarts, bool)
+            not isinstance(self.max_restarts, int)
+            or isinstance(self.max_restarts, bool)
             or self.max_restarts < 0
         ):
             raise ValueError(f"max_restarts must be an int >= 0, got {self.max_restarts!r}")
@@ -82,9 +89,7 @@ class LoaderOptions:
             or not isinstance(self.hang_timeout, (int, float))
             or not self.hang_timeout > 0
         ):
-            raise ValueError(
-                f"hang_timeout must be > 0 seconds or None, got {self.hang_timeout!r}"
-            )
+            raise ValueError(f"hang_timeout must be > 0 seconds or None, got {self.hang_timeout!r}")
         if self.worker_type not in WORKER_TYPES:
             raise ValueError(
                 f"worker_type must be 'process', 'thread' or 'auto', got {self.worker_type!r}"

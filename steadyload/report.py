@@ -173,7 +173,8 @@ class LoaderReport:
     def __str__(self) -> str:
         how = f", start method {self.start_method}" if self.start_method else ""
         span = (
-            f"epoch {self.epoch}" if self.epochs == 1
+            f"epoch {self.epoch}"
+            if self.epochs == 1
             else f"{self.epochs} epochs, to epoch {self.epoch}"
         )
         lines = [f"steadyload loader report: {self.worker_kind} workers{how}; {span}"]
@@ -192,9 +193,7 @@ class LoaderReport:
                 "worker_type='process' replaces the worker and skips the sample"
             )
         if self.preload_requested:
-            lines.append(
-                f"  fork server preload: {summarize_modules(self.preload_requested)}"
-            )
+            lines.append(f"  fork server preload: {summarize_modules(self.preload_requested)}")
             if self.preload_missing is None:
                 lines.append("  preload result: unknown (fork server started elsewhere)")
             elif self.preload_missing:
@@ -221,8 +220,10 @@ class LoaderReport:
                 )
             for w in self.workers:
                 if w.node is not None:
-                    lines.append(f"  worker {w.worker_id} is remote: Ray node {w.node}, "
-                                 f"RSS {_mib(w.rss_bytes)}")  # fmt: skip
+                    lines.append(
+                        f"  worker {w.worker_id} is remote: Ray node {w.node}, "
+                        f"RSS {_mib(w.rss_bytes)}"
+                    )
         when = (lambda epoch: f"epoch {epoch}: ") if self.epochs > 1 else (lambda epoch: "")
         for d in self.scaling:
             lines.append(

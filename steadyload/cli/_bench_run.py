@@ -2,9 +2,9 @@
 
 For each worker count, a steadyload loader and torch's with the same arguments: start
 time, steady samples/s, per-worker memory (`measure`); the budget split over them
-(`bench`); and the recommendation with its reasons (`recommend`). No UI here: `bench.py`
-renders `BenchResult` (rich, matplotlib). The per-sample probe and the memory/CPU bounds
-are `steadyload.worker_count`'s, shared with ``num_workers="auto"``.
+(`bench`); the recommendation with its reasons is `_bench_recommend.py`'s. No UI here:
+`bench.py` renders `BenchResult` (rich, matplotlib). The per-sample probe and the
+memory/CPU bounds are `steadyload.worker_count`'s, shared with ``num_workers="auto"``.
 """
 
 from __future__ import annotations
@@ -15,57 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..host.system import available_memory_bytes, gib
-from ..worker_count import TRIVIAL_SAMPLE_S, SampleProfile, fmt_s, memory_bound, probe, usable_cpus
+from ..host.system import available_memory_bytes
+from ..worker_count import SampleProfile, probe, usable_cpus
+from ._bench_recommend import Measurement, Recommendation, recommend
 
-WITHIN_BEST = 0.95
-"""The smallest worker count within 5% of the best throughput is recommended."""
-HIGH_CV = 0.5
-"""Round-to-round time variation (stdev / mean) above which a deeper prefetch queue helps."""
 MIN_SLOT_S = 0.5
 """A configuration given less time than this is not started (left unmeasured)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Measurement:
-    """One loader configuration run by `bench`."""
-
-    loader: str
-    """"steadyload" (process workers), "steadyload-thread", "steadyload-auto" or "torch"."""
-    num_workers: int
-    samples_per_s: float | None
-    """Steady throughput, after start-up and one batch per worker. None: failed."""
-    start_s: float | None
-    """From ``iter(loader)`` to the first batch. [Unit: second]"""
-    worker_uss_bytes: int | None
-    """Mean memory only a worker uses (what one more worker costs). [Unit: byte]"""
-    worker_pss_bytes: int | None
-    """Mean proportional share of a worker's memory (shared pages split). [Unit: byte]"""
-    batches: int
-    """Batches in the measured window."""
-    measured_s: float
-    batch_time_cv: float | None
-    """Stdev / mean of the time per round of one batch from each worker (0: even)."""
-    error: str | None = None
-    worker_type_choice: str | None = None
-    """steadyload-auto: what ``worker_type="auto"`` chose, and its figures."""
-
-
-@dataclass(frozen=True, slots=True)
-class Recommendation:
-    """What bench recommends, with the reasons in words."""
-
-    num_workers: int
-    prefetch_factor: int | None
-    reason: str
-    prefetch_reason: str
-    worker_type: str
-    """"process" or "thread": the faster at the recommended count (threads when within 5%:
-    they cost less)."""
-    worker_type_reason: str
-    memory_bound: int | None
-    """Workers that fit in half the available memory (`tuning.MEMORY_SHARE`); None: unknown."""
-    cpu_bound: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +43,7 @@ class BenchResult:
     @property
     def worker_type_choice(self) -> str | None:
         """What ``worker_type="auto"`` chose in its run, with the figures (None: not run)."""
-        return next((m.worker_type_choice for m in self.measurements
-                     if m.worker_type_choice), None)  # fmt: skip
+        return next((m.worker_type_choice for m in self.measurements if m.worker_type_choice), None)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict; its keys are a stable schema (``"version": 1``)."""
@@ -114,9 +68,14 @@ class BenchResult:
 
 
 def bench(
-    dataset: Any, *, name: str = "", batch_size: int | None = 32,
-    collate_fn: Callable[[list[Any]], Any] | None = None, budget_s: float = 60.0,
-    worker_counts: Sequence[int] | None = None, compare_torch: bool = True,
+    dataset: Any,
+    *,
+    name: str = "",
+    batch_size: int | None = 32,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    budget_s: float = 60.0,
+    worker_counts: Sequence[int] | None = None,
+    compare_torch: bool = True,
     on_step: Callable[[str, int, int], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> BenchResult:
@@ -138,17 +97,20 @@ def bench(
     deadline = started + budget_s
     cpus = usable_cpus()
     counts = list(worker_counts) if worker_counts is not None else list(range(cpus + 1))
-    kinds = ["steadyload", "steadyload-thread", "torch"] if compare_torch else [
-        "steadyload", "steadyload-thread"]
-    configs = [(kind, n) for n in counts for kind in kinds
-               if n > 0 or kind != "steadyload-thread"]
+    kinds = (
+        ["steadyload", "steadyload-thread", "torch"]
+        if compare_torch
+        else ["steadyload", "steadyload-thread"]
+    )
+    configs = [(kind, n) for n in counts for kind in kinds if n > 0 or kind != "steadyload-thread"]
     if max(counts, default=0) > 0:  # what "auto" chooses, at the most workers measured
         configs.append(("steadyload-auto", max(counts)))
     total = len(configs) + 1
     if on_step:
         on_step("per-sample time in this process", 0, total)
-    profile = probe(dataset, batch_size, collate_fn, budget_s=min(1.0, 0.05 * budget_s),
-                    stream_ok=True)
+    profile = probe(
+        dataset, batch_size, collate_fn, budget_s=min(1.0, 0.05 * budget_s), stream_ok=True
+    )
     measured: list[Measurement] = []
     skipped: list[tuple[str, int]] = []
     for i, (kind, n) in enumerate(configs):
@@ -160,8 +122,17 @@ def bench(
             on_step(f"{kind}, {n} workers", i + 1, total)
         # Start-up, warm-up and shutdown take their share of the slot; the window the rest.
         window = slot * (0.8 if n == 0 else 0.5)
-        measured.append(measure(kind, dataset, n, batch_size, collate_fn, window,
-                                timeout_s=max(10.0, deadline - clock())))
+        measured.append(
+            measure(
+                kind,
+                dataset,
+                n,
+                batch_size,
+                collate_fn,
+                window,
+                timeout_s=max(10.0, deadline - clock()),
+            )
+        )
     if on_step:
         on_step("done", total, total)
     available = available_memory_bytes()
@@ -185,8 +156,13 @@ def bench(
 
 
 def measure(
-    kind: str, dataset: Any, num_workers: int, batch_size: int | None,
-    collate_fn: Callable[[list[Any]], Any] | None, window_s: float, timeout_s: float = 60.0,
+    kind: str,
+    dataset: Any,
+    num_workers: int,
+    batch_size: int | None,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    window_s: float,
+    timeout_s: float = 60.0,
 ) -> Measurement:
     """Run one loader configuration for about ``window_s`` of steady loading and shut it down.
 
@@ -207,9 +183,15 @@ def measure(
     it: Any = None
     t0 = time.perf_counter()
     try:
-        loader = cls(dataset, batch_size=batch_size, collate_fn=collate_fn,
-                     num_workers=num_workers, persistent_workers=num_workers > 0,
-                     timeout=timeout_s if num_workers else 0, **options)
+        loader = cls(
+            dataset,
+            batch_size=batch_size,
+            collate_fn=collate_fn,
+            num_workers=num_workers,
+            persistent_workers=num_workers > 0,
+            timeout=timeout_s if num_workers else 0,
+            **options,
+        )
         it = iter(loader)
         next(it)
         start_s = time.perf_counter() - t0
@@ -226,8 +208,18 @@ def measure(
             last = now
         uss, pss = _worker_memory(kind, loader, it)
     except Exception as exc:  # the dataset's error or a dead worker: a row, not a crash
-        return Measurement(kind, num_workers, None, None, None, None, 0,
-                           time.perf_counter() - t0, None, f"{type(exc).__name__}: {exc}")
+        return Measurement(
+            kind,
+            num_workers,
+            None,
+            None,
+            None,
+            None,
+            0,
+            time.perf_counter() - t0,
+            None,
+            f"{type(exc).__name__}: {exc}",
+        )
     finally:
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
@@ -235,12 +227,22 @@ def measure(
             loader._iterator = None
     # n workers deliver in bursts of n: the variation that matters is that of whole rounds.
     step = max(1, num_workers)
-    rounds = [sum(intervals[k:k + step]) for k in range(0, len(intervals) - step + 1, step)]
+    rounds = [sum(intervals[k : k + step]) for k in range(0, len(intervals) - step + 1, step)]
     mean = statistics.fmean(rounds) if rounds else 0.0
     cv = statistics.pstdev(rounds) / mean if len(rounds) > 1 and mean > 0 else None
     choice = loader.report().worker_type_choice if kind == "steadyload-auto" else None
-    return Measurement(kind, num_workers, samples / (last - begin), start_s, uss, pss,
-                       len(intervals), last - begin, cv, worker_type_choice=choice)
+    return Measurement(
+        kind,
+        num_workers,
+        samples / (last - begin),
+        start_s,
+        uss,
+        pss,
+        len(intervals),
+        last - begin,
+        cv,
+        worker_type_choice=choice,
+    )
 
 
 class _Counter:
@@ -301,86 +303,3 @@ def _worker_memory(kind: str, loader: Any, it: Any) -> tuple[int | None, int | N
     if not uss:
         return None, None
     return int(statistics.fmean(uss)), int(statistics.fmean(pss)) or None
-
-
-def recommend(
-    measured: Sequence[Measurement], profile: SampleProfile, cpus: int,
-    available: int | None, not_measured: Sequence[tuple[str, int]] = (),
-) -> Recommendation:
-    """The smallest steadyload worker count within 5% of the best throughput, within the
-    CPU and memory bounds, and a prefetch_factor, each with the reason in words."""
-    ok = [m for m in measured if m.loader == "steadyload" and m.samples_per_s]
-    costs = [m.worker_uss_bytes for m in ok if m.worker_uss_bytes]
-    per_worker = max(costs) if costs else None
-    mem_bound = memory_bound(per_worker, available)
-    if not ok:
-        return Recommendation(0, None, "nothing was measured: "
-                              + (measured[0].error if measured and measured[0].error else
-                                 "the budget ran out; run with a larger --budget"),
-                              "-", "process", "-", mem_bound, cpus)
-    limit = min(cpus, mem_bound if mem_bound is not None else cpus)
-    within = [m for m in ok if m.num_workers <= limit] or [min(ok, key=lambda m: m.num_workers)]
-    # num_workers=0 loads in the training loop, adding its time to every step, while workers
-    # overlap loading with the step: 0 wins only for trivial samples (or if it is all we have).
-    trivial = (profile.per_sample_s or 0.0) < TRIVIAL_SAMPLE_S
-    if not trivial and any(m.num_workers > 0 for m in within):
-        within = [m for m in within if m.num_workers > 0]
-    best = max(within, key=lambda m: m.samples_per_s or 0.0)
-    top = best.samples_per_s or 0.0
-    pick = min((m for m in within if (m.samples_per_s or 0.0) >= WITHIN_BEST * top),
-               key=lambda m: m.num_workers)
-    rate = f"{pick.samples_per_s:,.0f} samples/s"
-    most = max(m.num_workers for m in within)
-    workers = f"{pick.num_workers} worker{'s' if pick.num_workers != 1 else ''}"
-    if pick.num_workers == 0:
-        why = (f"loading in the training process (num_workers=0, {rate}) is within 5% of "
-               f"the best; samples take {fmt_s(profile.per_sample_s)} each, so handing "
-               "batches between processes does not pay")
-        if not trivial:
-            why = f"only num_workers=0 was measured ({rate}); raise --budget"
-    elif pick.num_workers < most:
-        more = max((m for m in within if m.num_workers > pick.num_workers),
-                   key=lambda m: m.samples_per_s or 0.0)
-        why = (f"throughput stops rising after {workers} ({rate}; the best with more: "
-               f"{more.samples_per_s:,.0f} with {more.num_workers}, not 5% better)")
-    else:
-        why = f"throughput is highest with {workers} ({rate}), the most measured"
-        if pick.num_workers >= cpus:
-            why += (" and the usable CPUs: more would only compete for them (the training "
-                    f"loop needs one too: with a CPU-heavy loop use {cpus - 1})")
-        elif mem_bound is not None and pick.num_workers >= mem_bound:
-            why += f"; memory allows no more ({gib(available)} available, half for workers)"
-        if any(k == "steadyload" and n > pick.num_workers for k, n in not_measured):
-            why += "; higher counts were not measured within the budget (raise --budget)"
-    if per_worker:
-        why += f"; each worker costs {gib(per_worker)} (USS)"
-    kind, kind_why = _worker_type(measured, pick)
-    if pick.num_workers == 0:
-        return Recommendation(0, None, why, "prefetch_factor applies only with workers",
-                              "process", "worker_type applies only with workers", mem_bound,
-                              cpus)
-    cv = pick.batch_time_cv
-    in_flight_4 = profile.batch_bytes * 4 * pick.num_workers
-    if cv is not None and cv > HIGH_CV and (available is None or in_flight_4 < available // 4):
-        return Recommendation(pick.num_workers, 4, why,
-                              f"batch times vary a lot (cv {cv:.2f}): 4 batches per worker "
-                              "in flight absorb the slow ones", kind, kind_why, mem_bound, cpus)
-    shown = f"cv {cv:.2f}" if cv is not None else "cv unknown"
-    return Recommendation(pick.num_workers, 2, why,
-                          f"batch times are even enough ({shown}): torch's default of 2 per "
-                          "worker keeps the workers busy; more only holds memory",
-                          kind, kind_why, mem_bound, cpus)
-
-
-def _worker_type(measured: Sequence[Measurement], pick: Measurement) -> tuple[str, str]:
-    """Threads or processes at ``pick``'s worker count, from the two measurements."""
-    threads = next((m for m in measured if m.loader == "steadyload-thread"
-                    and m.num_workers == pick.num_workers and m.samples_per_s), None)
-    if threads is None or not pick.samples_per_s:
-        return "process", "thread workers were not measured at that count"
-    ratio = (threads.samples_per_s or 0.0) / pick.samples_per_s
-    figures = (f"thread workers {threads.samples_per_s:,.0f} samples/s, process workers "
-               f"{pick.samples_per_s:,.0f} ({ratio:.2f}x)")
-    if ratio >= WITHIN_BEST:
-        return "thread", f"{figures}: threads are as fast or faster, and cost less"
-    return "process", f"{figures}: the work holds the GIL"

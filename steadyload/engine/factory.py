@@ -60,9 +60,11 @@ THREADS = PoolPlan("thread")
 
 
 def make_pool(
-    plan: PoolPlan, config: WorkerConfig, num_workers: int,
+    plan: PoolPlan,
+    config: WorkerConfig,
+    num_workers: int,
     process_checks: Callable[[str], None],
-) -> WorkerPool:  # fmt: skip
+) -> WorkerPool:
     """A started pool for ``plan`` (``num_workers``: local and remote together).
     ``process_checks(start_method)`` runs before processes start under "auto" (the checks
     "process" plans had when the loader was built)."""
@@ -86,9 +88,13 @@ def _started(pool: WorkerPool) -> WorkerPool:
 
 
 def _local_pool(
-    plan: PoolPlan, config: WorkerConfig, num_workers: int,
-    process_checks: Callable[[str], None], *, start: bool,
-) -> WorkerPool:  # fmt: skip
+    plan: PoolPlan,
+    config: WorkerConfig,
+    num_workers: int,
+    process_checks: Callable[[str], None],
+    *,
+    start: bool,
+) -> WorkerPool:
     pool: WorkerPool
     if plan.kind == "auto":
         assert plan.processes is not None

@@ -29,12 +29,11 @@ def start_stalled(
     """The error for a worker start the fork server (or zygote) did not answer."""
     pid = server_pid if server_pid is not None else "PID"
     fix = (
-        f"resume it (`kill -CONT {pid}`) or end it (`kill {pid}`: the next loader starts a "
-        "new one)"
-        if stopped else
-        f"see what it is doing (`py-spy dump --pid {pid}`); slow preloads (your dataset's "
+        f"resume it (`kill -CONT {pid}`) or end it (`kill {pid}`: the next loader starts a new one)"
+        if stopped
+        else f"see what it is doing (`py-spy dump --pid {pid}`); slow preloads (your dataset's "
         "module and its imports) can be moved before the loader with steadyload.prestart()"
-    )  # fmt: skip
+    )
     return WorkerStartError(
         f"DataLoader worker {worker_id} could not start: {why}.\n"
         "Why: workers are forked by that server; while it does not answer, no worker can "
@@ -109,7 +108,12 @@ TORCH_FD_MESSAGE = (
 
 
 def shared_memory_exhausted(
-    *, worker_id: int | None, error: int, detail: str, where: str, segments: int = 0,
+    *,
+    worker_id: int | None,
+    error: int,
+    detail: str,
+    where: str,
+    segments: int = 0,
     during: str | None = None,
 ) -> SharedMemoryError:
     """The error for a batch that could not cross: out of descriptors (EMFILE/ENFILE) or of
@@ -119,13 +123,16 @@ def shared_memory_exhausted(
     limit = max_map_count()
     held = maps[1] if maps else None
     evidence: dict[str, object] = {
-        "open_fds": open_fds() if where == "main process" else None, "fd_soft_limit": soft,
-        "fd_hard_limit": hard, "mappings": maps[0] if maps else None,
-        "batch_segments_mapped": held, "max_map_count": limit, "detail": detail,
+        "open_fds": open_fds() if where == "main process" else None,
+        "fd_soft_limit": soft,
+        "fd_hard_limit": hard,
+        "mappings": maps[0] if maps else None,
+        "batch_segments_mapped": held,
+        "max_map_count": limit,
+        "detail": detail,
     }
     kept = (
-        f"; the batches still referenced here hold {held} shared-memory mapping(s)"
-        if held else ""
+        f"; the batches still referenced here hold {held} shared-memory mapping(s)" if held else ""
     )
     if error == errnos.ENOMEM:
         count = f"{maps[0]} memory mappings of vm.max_map_count={limit}" if maps else "?"
@@ -148,8 +155,8 @@ def shared_memory_exhausted(
         )
         fix = (
             "keep fewer batches alive (`.clone()` or `.tolist()` what you keep), or raise "
-            "the limit: " + ("`ulimit -v unlimited`" if capped
-                             else "`sysctl -w vm.max_map_count=262144`")
+            "the limit: "
+            + ("`ulimit -v unlimited`" if capped else "`sysctl -w vm.max_map_count=262144`")
         )
     else:
         opened = f"{evidence['open_fds']} open, " if evidence["open_fds"] is not None else ""

@@ -278,8 +278,9 @@ def _route_skip_first_batches(accelerator: Any) -> None:
             return skip_first_batches(dataloader, num_batches)
         me = ref()
         if me is None:  # kept after its accelerator was dropped
-            raise ReferenceError("the Accelerator this skip_first_batches belonged to no "
-                                 "longer exists")
+            raise ReferenceError(
+                "the Accelerator this skip_first_batches belonged to no longer exists"
+            )
         return original(me, dataloader, num_batches=num_batches)
 
     accelerator.skip_first_batches = routed
@@ -317,8 +318,11 @@ def rank_state(folder: str, pattern: str, rank: int) -> str | None:
     if os.path.isfile(path):
         return path
     head, _, tail = pattern.partition("{rank}")
-    ranks = [n[len(head):len(n) - len(tail)] for n in os.listdir(folder)
-             if n.startswith(head) and n.endswith(tail)]  # fmt: skip
+    ranks = [
+        n[len(head) : len(n) - len(tail)]
+        for n in os.listdir(folder)
+        if n.startswith(head) and n.endswith(tail)
+    ]
     saved = sorted(int(r) for r in ranks if r.isdigit())
     return os.path.join(folder, pattern.format(rank=saved[0])) if saved else None
 

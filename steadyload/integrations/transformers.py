@@ -41,7 +41,8 @@ STATE_FILE = "steadyload_loader_rank{rank}.pt"  # in each checkpoint-<step> fold
 def _check_transformers() -> None:
     """Fail loudly if the Trainer no longer has what the mixin relies on."""
     missing = [
-        f"{label}.{name}" for label, owner, name in (
+        f"{label}.{name}"
+        for label, owner, name in (
             ("transformers.trainer", _trainer_module, "skip_first_batches"),
             ("Trainer", _transformers.Trainer, "get_train_dataloader"),
             ("Trainer", _transformers.Trainer, "get_eval_dataloader"),
@@ -50,8 +51,9 @@ def _check_transformers() -> None:
             ("TrainerCallback", _transformers.TrainerCallback, "on_train_begin"),
             ("TrainerCallback", _transformers.TrainerCallback, "on_train_end"),
             ("transformers.trainer_utils", _trainer_utils, "PREFIX_CHECKPOINT_DIR"),
-        ) if not hasattr(owner, name)
-    ]  # fmt: skip
+        )
+        if not hasattr(owner, name)
+    ]
     if missing:
         raise RuntimeError(
             f"steadyload.integrations.transformers: transformers {_transformers.__version__} "
@@ -219,8 +221,9 @@ class SteadyloadTrainerMixin(_MixinBase):
         not steadyload's. Cheap; safe during and after training."""
         return self._steadyload_state.report()
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any,
-              **kwargs: Any) -> Any:
+    def train(
+        self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any
+    ) -> Any:
         """``Trainer.train``, resuming steadyload loaders from their saved state.
 
         Raises:

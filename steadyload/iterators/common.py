@@ -67,7 +67,8 @@ class SkipGuard:
         first = self._first
         where = (
             f"; the first was sample {first.index!r}: {first.error_type}: {first.message}"
-            if first is not None else ""
+            if first is not None
+            else ""
         )
         return SkipLimitError(
             f"on_error='skip' left out every sample of the epoch{where}\n"
@@ -250,10 +251,10 @@ class TimedNext:
             "the epoch ended with %d worker stream(s) cut at a bad item: %s",
             len(self.record.streams_cut),
             f"{lost} of the dataset's {rows} rows were lost (report().streams_cut says where)"
-            if lost is not None else
-            "how many rows were lost is unknown (the dataset has no len()); "
+            if lost is not None
+            else "how many rows were lost is unknown (the dataset has no len()); "
             "report().streams_cut says where",
-        )  # fmt: skip
+        )
 
 
 class DatasetError(Exception):

@@ -30,9 +30,13 @@ class Watchdog:
     """Finds hung workers and lost results; kills the former, reports the latter."""
 
     def __init__(
-        self, table: TaskTable, hang_timeout_s: float | None, num_workers: int, *,
+        self,
+        table: TaskTable,
+        hang_timeout_s: float | None,
+        num_workers: int,
+        *,
         clock_ns: Callable[[], int] = time.monotonic_ns,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._table = table
         self._limit = hang_timeout_s
         self._num_workers = num_workers
@@ -76,8 +80,13 @@ class Watchdog:
             self.hung[worker_id] = (progress.task_id, stack)
             _LOG.info(
                 "worker %d (pid %s) has run task %d for more than hang_timeout=%s s; its "
-                "stack:\n%s", worker_id, pool.pid(worker_id), progress.task_id, limit, stack,
-            )  # fmt: skip
+                "stack:\n%s",
+                worker_id,
+                pool.pid(worker_id),
+                progress.task_id,
+                limit,
+                stack,
+            )
             pool.kill(worker_id)  # its death arrives as a Died event
 
     def next_lost_check(self) -> float | None:

@@ -27,7 +27,10 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
     """num_workers=0: load in this process, with torch's semantics and steadyload's notes."""
 
     def __init__(
-        self, loader: DataLoader[Any], options: LoaderOptions, checkpoints: Checkpoints,
+        self,
+        loader: DataLoader[Any],
+        options: LoaderOptions,
+        checkpoints: Checkpoints,
         history: History,
     ) -> None:
         super().__init__(loader)
@@ -43,11 +46,15 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
             self._seeder.epoch = self._progress.epoch
         resume, self._progress.resume_streams = self._progress.resume_streams, None
         self._fetcher = Fetcher(
-            self._dataset_kind, self._dataset, self._auto_collation,
-            self._collate_fn, self._drop_last, skip_errors=options.on_error == "skip",
+            self._dataset_kind,
+            self._dataset,
+            self._auto_collation,
+            self._collate_fn,
+            self._drop_last,
+            skip_errors=options.on_error == "skip",
             seeder=self._seeder,
             position=position_blobs(resume).get(0) if resume is not None else None,
-        )  # fmt: skip
+        )
         self._progress.in_process = self._fetcher.position
         self.record = RunRecord("in-process", None, (), history)
         self.record.epoch = self._progress.epoch

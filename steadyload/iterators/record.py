@@ -18,9 +18,12 @@ class RunRecord:
     happened in the epoch goes to the loader's `History` when the next epoch begins."""
 
     def __init__(
-        self, kind: str, start_method: str | None, preload: tuple[str, ...],
+        self,
+        kind: str,
+        start_method: str | None,
+        preload: tuple[str, ...],
         history: History | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.worker_kind = "thread" if kind == "auto" else kind  # auto starts on threads
         if kind == "remote":
             self.worker_kind = "remote"
@@ -64,8 +67,9 @@ class RunRecord:
     @property
     def eventful(self) -> bool:
         """Whether this epoch did anything worth keeping (a batch, a restart, a skip)."""
-        return bool(self.batches or self.restarts or self.skipped or self.streams_cut
-                    or self.scaling)  # fmt: skip
+        return bool(
+            self.batches or self.restarts or self.skipped or self.streams_cut or self.scaling
+        )
 
     def restarted(self, report: RestartReport) -> None:
         """A worker (or, id -1, all of them) was replaced in this epoch."""
@@ -109,7 +113,8 @@ class RunRecord:
                     f"steadyload: the report_every callback raised {type(exc).__name__}: "
                     f"{exc}. The batch was still yielded and reports go on; fix the callback "
                     "or turn it off with report_every(loader, None).",
-                    RuntimeWarning, stacklevel=4,
+                    RuntimeWarning,
+                    stacklevel=4,
                 )
 
     def to_report(self) -> LoaderReport:
@@ -121,17 +126,23 @@ class RunRecord:
             w = self.workers[k]
             if k in memory:
                 uss, pss, peak, epochs = memory[k]
-                w = replace(w, uss_bytes=uss, pss_bytes=pss, peak_uss_bytes=peak,
-                            epoch_uss_bytes=tuple(epochs))  # fmt: skip
+                w = replace(
+                    w,
+                    uss_bytes=uss,
+                    pss_bytes=pss,
+                    peak_uss_bytes=peak,
+                    epoch_uss_bytes=tuple(epochs),
+                )
             if k in self.rss:
                 w = replace(w, rss_bytes=self.rss[k])
             samples, busy = self.samples.get(k, 0), self.busy_s.get(k, 0.0)
             life = now - max(self.ready_at[k], self.epoch_began) if k in self.ready_at else 0.0
             w = replace(
-                w, samples=samples,
+                w,
+                samples=samples,
                 samples_per_s=samples / busy if busy > 0 else None,
                 busy_share=min(1.0, busy / life) if life > 0 else None,
-            )  # fmt: skip
+            )
             workers.append(w)
         loop_s = self.last_return - self.first_call if self.first_call is not None else 0.0
         return LoaderReport(
@@ -161,9 +172,11 @@ def not_started(info: Any, auto: Any) -> LoaderReport:
     return LoaderReport(
         worker_kind="process" if info else "in-process",
         start_method=info.method if info else None,
-        preload_requested=info.preload if info else (), preload_missing=None, workers=(),
+        preload_requested=info.preload if info else (),
+        preload_missing=None,
+        workers=(),
         num_workers_choice=auto.reason if auto is not None else None,
-    )  # fmt: skip
+    )
 
 
 class History:

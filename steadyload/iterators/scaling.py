@@ -29,9 +29,15 @@ class RemoteScaling:
     """Parks and starts remote worker ids on the stall rule's decisions (see module)."""
 
     def __init__(
-        self, spec: RemoteWorkers, first_id: int, table: TaskTable, record: RunRecord,
-        *, fixed_workers: bool, clock: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
+        self,
+        spec: RemoteWorkers,
+        first_id: int,
+        table: TaskTable,
+        record: RunRecord,
+        *,
+        fixed_workers: bool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if fixed_workers:  # a stream, or a dataset with its own state per worker
             raise ValueError(
                 f"remote_workers={spec.count} (a range) needs a map-style dataset without "
@@ -79,8 +85,12 @@ class RemoteScaling:
         try:
             return self._step(pool.remote)
         except Exception as exc:
-            _LOG.warning("steadyload: resizing the remote pool failed (%s: %s); it stays at "
-                         "%d workers", type(exc).__name__, exc, self.live())  # fmt: skip
+            _LOG.warning(
+                "steadyload: resizing the remote pool failed (%s: %s); it stays at %d workers",
+                type(exc).__name__,
+                exc,
+                self.live(),
+            )
             return 0
 
     def _step(self, remote: Any) -> int:
@@ -99,8 +109,8 @@ class RemoteScaling:
         record, live = self._record, self.live()
         ready = self._table.settled()
         change, stall, rate, reason = self._scaler.observe(
-            now, record.wait_s, record.batches, live, ready,
-            remote.unplaced() + len(self._starting))
+            now, record.wait_s, record.batches, live, ready, remote.unplaced() + len(self._starting)
+        )
         ids = set(range(self._first, self._first + self._spec.maximum))
         if change > 0 and self.parked - self._starting:
             w = min(self.parked - self._starting)
@@ -118,13 +128,21 @@ class RemoteScaling:
         else:
             return len(joined)
         decision = rule.ScalingDecision(
-            at_s=time.perf_counter() - record.epoch_began, workers=self.live() + len(
-                self._starting), change=change, stall_share=stall, batches_per_s=rate,
-            reason=reason, epoch=record.epoch,
-        )  # fmt: skip
+            at_s=time.perf_counter() - record.epoch_began,
+            workers=self.live() + len(self._starting),
+            change=change,
+            stall_share=stall,
+            batches_per_s=rate,
+            reason=reason,
+            epoch=record.epoch,
+        )
         record.scaling.append(decision)
         _LOG.info(
             "remote workers %s to %d (worker %d): %s (%.1f batches/s)",
-            "grown" if change > 0 else "shrunk", decision.workers, w, reason, rate,
-        )  # fmt: skip
+            "grown" if change > 0 else "shrunk",
+            decision.workers,
+            w,
+            reason,
+            rate,
+        )
         return len(joined)

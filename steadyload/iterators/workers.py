@@ -44,6 +44,7 @@ from .common import (
     flat_indices,
     refuse_datapipes,
 )
+from .delivery import commit, take_back
 from .hangs import Watchdog
 from .outcomes import Outcomes
 from .record import History, RunRecord
@@ -52,7 +53,6 @@ from .scaling import RemoteScaling
 from .tasks import EMPTY, TaskEntry, TaskTable
 
 _LOG = logging.getLogger(__name__)
-_ABSENT = object()  # a worker with no stream position recorded yet (_commit)
 
 
 class WorkerIterator(TimedNext, _BaseDataLoaderIter):
@@ -106,20 +106,37 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         self._guard = SkipGuard()
         self._watchdog = Watchdog(self._table, options.hang_timeout, self._num_workers)
         remote = options.remote
-        self._scaling = None if remote is None or not remote.scales else RemoteScaling(
-            remote, loader.num_workers, self._table, self.record,
-            fixed_workers=self._dataset_kind == ITERABLE or stateful(self._dataset))  # fmt: skip
+        self._scaling = (
+            None
+            if remote is None or not remote.scales
+            else RemoteScaling(
+                remote,
+                loader.num_workers,
+                self._table,
+                self.record,
+                fixed_workers=self._dataset_kind == ITERABLE or stateful(self._dataset),
+            )
+        )
         self._parked = self._scaling.parked if self._scaling else set()  # ids without actors
         self._recovery = Recovery(
-            self._table, options, self.record, stream=self._dataset_kind == ITERABLE,
+            self._table,
+            options,
+            self.record,
+            stream=self._dataset_kind == ITERABLE,
             stateful_stream=self._dataset_kind == ITERABLE and stateful(self._dataset),
-            hung=self._watchdog.hung, stream_state=self._stream_state,
-        )  # fmt: skip
+            hung=self._watchdog.hung,
+            stream_state=self._stream_state,
+        )
         self._outcomes = Outcomes(
-            self._table, self.record, self._recovery, guard=self._guard, empty=self._empty,
-            stream_state=self._stream_state, ended=self._ended,
+            self._table,
+            self.record,
+            self._recovery,
+            guard=self._guard,
+            empty=self._empty,
+            stream_state=self._stream_state,
+            ended=self._ended,
             in_flight=(self._prefetch_factor, self._num_workers),
-        )  # fmt: skip
+        )
         self._awaiting: tuple[int, float] | None = None  # (task id, torch's timeout deadline)
         self._stash: tuple[Any, TaskEntry] | None = None  # a batch held back by Ctrl-C
         self._handing: tuple[Any, TaskEntry, tuple[Any, int | None]] | None = None
@@ -321,31 +338,16 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         return self._deliver_data(task)
 
     def _commit(self, task: TaskEntry) -> tuple[Any, int | None]:
-        """The batch of ``task`` is handed to the caller: it counts as yielded. Returns what
-        `_hold_back` needs to undo that (a Ctrl-C at the last moment keeps the batch)."""
-        progress = self._progress
-        before = (progress.streams.get(task.worker_id, _ABSENT), progress.last_worker)
-        progress.yielded.mark(task.ordinal)
-        if task.stream_state is not None:
-            progress.streams[task.worker_id] = task.stream_state
-        elif self._dataset_kind == ITERABLE:
-            progress.streams[task.worker_id] = None  # its stream cannot say where it stands
-        progress.last_worker = task.worker_id
-        return before
+        """The batch of ``task`` is handed to the caller (`delivery.commit`)."""
+        return commit(self._progress, task, self._dataset_kind == ITERABLE)
 
     def _hold_back(self) -> None:
         """Ctrl-C while a batch was being handed over: keep it for the next call."""
         if self._handing is None:
             return
-        data, task, (stream, last) = self._handing
+        data, task, before = self._handing
         self._handing = None
-        progress = self._progress
-        progress.yielded.unmark(task.ordinal)
-        if stream is not _ABSENT:
-            progress.streams[task.worker_id] = stream
-        else:
-            progress.streams.pop(task.worker_id, None)
-        progress.last_worker = last
+        take_back(self._progress, task, before)
         self._stash = (data, task)
 
     def _collect(self, awaited: int) -> None:

@@ -1,6 +1,6 @@
 """Mid-epoch checkpoint and resume: what `DataLoader.state_dict` saves and
-`load_state_dict` restores (the format, its validation, the base seed); the per-epoch
-bookkeeping the iterators keep for it is `progress.py`.
+`load_state_dict` restores (the state's format and its validation are `state_check.py`, the
+base seed is here); the per-epoch bookkeeping the iterators keep for it is `progress.py`.
 
 What decides an epoch's batches is small (`epoch_order.py`): the random generators the
 sampler draws from, as they were when the epoch began, and how many batches were yielded
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,10 +44,9 @@ from .epoch_order import (
     set_generators,
 )
 from .progress import EpochProgress, fail, persistent, replica_positions, saved_positions
+from .state_check import REPLAY_WHY_FIX, STATE_FORMAT, STATE_VERSION, check_loadable, dataset_len
 
 _LOG = logging.getLogger(__name__)
-STATE_FORMAT = "steadyload.DataLoader"
-STATE_VERSION = 2  # 2: JSON-able (generator states as text, stream positions as objects)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,20 +66,6 @@ class Mark:
     positions: dict[str, Any] | None
     base_seed: int | None = None
     unsaveable: str | None = None
-
-
-_REPLAY_WHY_FIX = (  # a sampler whose order cannot be re-created
-    "resuming means re-creating exactly the index order of the interrupted epoch.",
-    ("add state_dict() and load_state_dict() to the sampler (its state at the start of an "
-     "epoch must determine that epoch's order), or use one of torch's samplers."),
-)
-
-
-def _dataset_len(loader: tud.DataLoader[Any]) -> int | None:
-    try:
-        return len(loader.dataset)  # type: ignore[arg-type]
-    except TypeError:
-        return None
 
 
 class Checkpoints:
@@ -117,9 +101,11 @@ class Checkpoints:
             # A framework that counts the resumed epoch in the new world size's len() may
             # start its next epoch before the rest was delivered: the rest comes first.
             pending = self.save(loader, at=self.consumed() if self.consumed else None)
-            _LOG.info("steadyload: the re-dealt epoch %d was left with batches to go: this "
-                      "iterator delivers them first (a re-dealt epoch ends at its end)",
-                      pending["epoch"])  # fmt: skip
+            _LOG.info(
+                "steadyload: the re-dealt epoch %d was left with batches to go: this "
+                "iterator delivers them first (a re-dealt epoch ends at its end)",
+                pending["epoch"],
+            )
         skip, self._skip = self._skip, 0
         self._apply_base_seed(it, pending)
         if pending is not None and not pending["finished"]:
@@ -267,9 +253,16 @@ class Checkpoints:
         except ValueError as exc:  # said by save(), when a state is asked for
             unsaveable = str(exc)
         return Mark(
-            self.epoch, False, yielded.prefix, frozenset(yielded.beyond), start, None, positions,
-            start.base_seed, unsaveable,
-        )  # fmt: skip
+            self.epoch,
+            False,
+            yielded.prefix,
+            frozenset(yielded.beyond),
+            start,
+            None,
+            positions,
+            start.base_seed,
+            unsaveable,
+        )
 
     def save(self, loader: tud.DataLoader[Any], at: Mark | None = None) -> dict[str, Any]:
         """`DataLoader.state_dict`: the loader's position (now, or at a `mark`), as plain
@@ -278,8 +271,10 @@ class Checkpoints:
         known = self._start if at.finished else at.start  # between epochs: the last epoch's
         reason = not_replayable(loader, known.samplers if known is not None else {})
         if reason is not None and at.pending is None:
-            raise fail("steadyload cannot save this DataLoader's position: " + reason + ".",
-                        *_REPLAY_WHY_FIX)
+            raise fail(
+                "steadyload cannot save this DataLoader's position: " + reason + ".",
+                *REPLAY_WHY_FIX,
+            )
         if at.unsaveable is not None:
             raise ValueError(at.unsaveable)  # a fresh error each time: no growing traceback
         if at.pending is not None:
@@ -297,7 +292,7 @@ class Checkpoints:
             "samplers": {},
             "distributed_epoch": None,
             "sharding": shards.describe(loader),
-            "dataset_len": _dataset_len(loader),
+            "dataset_len": dataset_len(loader),
             "batch_size": loader.batch_size,
             "drop_last": loader.drop_last,
             "num_workers": all_workers(loader),
@@ -317,61 +312,7 @@ class Checkpoints:
 
     def load(self, loader: tud.DataLoader[Any], state: Any) -> None:
         """`DataLoader.load_state_dict`: validate ``state``; the next epoch resumes it."""
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise fail(
-                "load_state_dict() expects the dict that steadyload.DataLoader.state_dict() "
-                f"returned, got {type(state).__name__}"
-                + (f" with keys {list(state)[:8]}" if isinstance(state, dict) else "") + ".",
-                "only a steadyload loader state says where its epoch stood.",
-                "pass loader.state_dict() as saved in your checkpoint.",
-            )
-        version = state.get("version")
-        if version != STATE_VERSION:
-            raise fail(
-                f"this loader state has version {version!r}; this steadyload reads version "
-                f"{STATE_VERSION}.",
-                "the state was written by a different steadyload release.",
-                "resume with the steadyload version that saved it, or restart the epoch.",
-            )
-        for key, now in (
-            ("dataset_len", _dataset_len(loader)), ("batch_size", loader.batch_size),
-            ("drop_last", loader.drop_last),
-        ):  # fmt: skip
-            if state[key] != now:
-                raise fail(
-                    f"the saved loader had {key}={state[key]!r}, this one has {now!r}.",
-                    "the remaining batches of the saved epoch would be different ones.",
-                    "build the loader with the same dataset and arguments as the saved one.",
-                )
-        if state["dataset_states"] is not None and state["num_workers"] != all_workers(loader):
-            raise fail(
-                f"this loader state holds the dataset's own state (state_dict()) per worker, "
-                f"saved with num_workers={state['num_workers']}, and this loader has "
-                f"num_workers={all_workers(loader)} (remote workers count too).",
-                "each worker has its own replica of the dataset (an IterableDataset also splits "
-                "its stream between them), so a worker's state only means something with the "
-                "same number of workers.",
-                f"resume with num_workers={state['num_workers']}.",
-            )
-        if state["persistent"] != persistent(loader):
-            warnings.warn(
-                "this loader state was saved by a loader "
-                f"{'with' if state['persistent'] else 'without'} persistent workers and is loaded "
-                f"into one {'with' if persistent(loader) else 'without'}: the rest of the saved "
-                "epoch is the same, but later epochs will differ from the uninterrupted run, "
-                "because torch draws a new base seed at each epoch only without persistent "
-                "workers (and shuffling draws after it). Use the same persistent_workers "
-                "setting (and num_workers > 0 with it) to continue identically.",
-                UserWarning, stacklevel=3,
-            )
-        refused = (shards.refusal(state, shards.of(loader, state["sharding"]))
-                   if "sharding" in state else None)  # fmt: skip
-        if refused is not None:  # (absent from states saved before elastic resume)
-            raise fail(*refused)
-        reason = not_replayable(loader, state["samplers"])
-        if reason is not None and not state["finished"]:
-            raise fail("steadyload cannot resume this DataLoader mid-epoch: " + reason + ".",
-                        *_REPLAY_WHY_FIX)
+        check_loadable(loader, state)
         self.epoch = state["epoch"]
         self._pending = copy.deepcopy(state)
         self._skip = 0  # the loaded position supersedes a requested skip

@@ -31,16 +31,22 @@ GLOBAL = "torch.global"  # key of torch's default CPU generator in the saved RNG
 # torch's samplers whose order follows from their generator (or none) and their arguments.
 # Exact types only: a subclass may draw its order some other way.
 _REPLAYABLE = (
-    tud.SequentialSampler, tud.RandomSampler, tud.SubsetRandomSampler,
-    tud.WeightedRandomSampler, tud.BatchSampler, DistributedSampler,
-)  # fmt: skip
+    tud.SequentialSampler,
+    tud.RandomSampler,
+    tud.SubsetRandomSampler,
+    tud.WeightedRandomSampler,
+    tud.BatchSampler,
+    DistributedSampler,
+)
 # Framework samplers whose order is a pure function of what they wrap, their arguments and
 # a generator (found by `_generators`) or an epoch the framework sets before iterating.
-_KNOWN_WRAPPERS = frozenset({
-    "accelerate.data_loader.BatchSamplerShard",  # a rank's share of the wrapped batches
-    "accelerate.data_loader.SkipBatchSampler",  # the wrapped batches minus the first n
-    "accelerate.data_loader.SeedableRandomSampler",  # reseeds from initial_seed + epoch
-})
+_KNOWN_WRAPPERS = frozenset(
+    {
+        "accelerate.data_loader.BatchSamplerShard",  # a rank's share of the wrapped batches
+        "accelerate.data_loader.SkipBatchSampler",  # the wrapped batches minus the first n
+        "accelerate.data_loader.SeedableRandomSampler",  # reseeds from initial_seed + epoch
+    }
+)
 _MAX_DEPTH = 4
 
 
@@ -73,9 +79,11 @@ ITERATOR = ".__iter__"  # a sampler path + this: the state of that sampler's ite
 
 def _replayable(obj: Any) -> bool:
     return (
-        stateful(obj) or type(obj) in _REPLAYABLE or qualname(obj) in _KNOWN_WRAPPERS
+        stateful(obj)
+        or type(obj) in _REPLAYABLE
+        or qualname(obj) in _KNOWN_WRAPPERS
         or isinstance(obj, (list, tuple, range))
-    )  # fmt: skip
+    )
 
 
 def not_replayable(loader: tud.DataLoader[Any], samplers: dict[str, Any]) -> str | None:

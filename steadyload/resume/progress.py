@@ -39,9 +39,15 @@ class EpochProgress:
     """
 
     __slots__ = (
-        "epoch", "yielded", "finished", "streams", "ended", "last_worker", "resume_streams",
+        "epoch",
+        "yielded",
+        "finished",
+        "streams",
+        "ended",
+        "last_worker",
+        "resume_streams",
         "in_process",
-    )  # fmt: skip
+    )
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch

@@ -53,27 +53,48 @@ def describe(loader: tud.DataLoader[Any], offset: int = 0) -> dict[str, Any] | N
     if sampler is not None:
         batch = getattr(batches, "batch_size", 1) if loader._auto_collation else 1
         return {
-            "kind": DISTRIBUTED, "replicas": sampler.num_replicas, "rank": sampler.rank,
-            "offset": offset, "per_batch": batch, "exact": type(sampler) is DistributedSampler,
-            "order": {"seed": sampler.seed, "shuffle": sampler.shuffle,
-                      "drop_last": sampler.drop_last},
-        }  # fmt: skip
+            "kind": DISTRIBUTED,
+            "replicas": sampler.num_replicas,
+            "rank": sampler.rank,
+            "offset": offset,
+            "per_batch": batch,
+            "exact": type(sampler) is DistributedSampler,
+            "order": {
+                "seed": sampler.seed,
+                "shuffle": sampler.shuffle,
+                "drop_last": sampler.drop_last,
+            },
+        }
     shard: Any = batches if loader._auto_collation else None
     if shard is not None and qualname(shard) == _SHARD:
         return {
-            "kind": ACCELERATE, "replicas": shard.num_processes, "rank": shard.process_index,
-            "offset": offset, "per_batch": 1, "exact": True,
-            "order": {"split_batches": shard.split_batches, "even_batches": shard.even_batches,
-                      "drop_last": shard.drop_last},
-        }  # fmt: skip
+            "kind": ACCELERATE,
+            "replicas": shard.num_processes,
+            "rank": shard.process_index,
+            "offset": offset,
+            "per_batch": 1,
+            "exact": True,
+            "order": {
+                "split_batches": shard.split_batches,
+                "even_batches": shard.even_batches,
+                "drop_last": shard.drop_last,
+            },
+        }
     buried = _buried(shard if shard is not None else loader.sampler)
     if buried is not None:  # inside a custom batch sampler: recorded, never dealt again
         return {
-            "kind": DISTRIBUTED, "replicas": buried.num_replicas, "rank": buried.rank,
-            "offset": offset, "per_batch": None, "exact": False,
-            "order": {"seed": buried.seed, "shuffle": buried.shuffle,
-                      "drop_last": buried.drop_last},
-        }  # fmt: skip
+            "kind": DISTRIBUTED,
+            "replicas": buried.num_replicas,
+            "rank": buried.rank,
+            "offset": offset,
+            "per_batch": None,
+            "exact": False,
+            "order": {
+                "seed": buried.seed,
+                "shuffle": buried.shuffle,
+                "drop_last": buried.drop_last,
+            },
+        }
     return None
 
 
@@ -94,9 +115,15 @@ def of(
     a run from N ranks goes on in one process (torch's BatchSampler batches it)."""
     now = describe(loader, offset)
     index = loader.batch_sampler if loader._auto_collation else loader.sampler
-    one = saved is not None and now is None and (
-        saved["kind"] == ACCELERATE or not loader._auto_collation
-        or type(index) is tud.BatchSampler)  # fmt: skip
+    one = (
+        saved is not None
+        and now is None
+        and (
+            saved["kind"] == ACCELERATE
+            or not loader._auto_collation
+            or type(index) is tud.BatchSampler
+        )
+    )
     if one:
         assert saved is not None
         return {**saved, "replicas": 1, "rank": 0, "offset": offset}
@@ -114,6 +141,7 @@ def elastic(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> bool:
 def mismatch(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> str | None:
     """What differs between the sharding a state was saved with and the loader's, in words,
     or None when the state resumes on this loader (on any number of ranks)."""
+
     def name(s: dict[str, Any] | None) -> str:
         return "no sharding sampler" if s is None else f"a {s['kind']} over {s['replicas']} ranks"
 
@@ -121,8 +149,11 @@ def mismatch(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> str | 
         return f"the state was saved with {name(saved)}, this loader has {name(now)}"
     if saved is None or now is None:
         return None
-    differ = [f"{k}={saved['order'][k]!r} (now {now['order'][k]!r})"
-              for k in saved["order"] if saved["order"][k] != now["order"].get(k)]  # fmt: skip
+    differ = [
+        f"{k}={saved['order'][k]!r} (now {now['order'][k]!r})"
+        for k in saved["order"]
+        if saved["order"][k] != now["order"].get(k)
+    ]
     if differ:
         return "the sampler that saved it had " + ", ".join(differ)
     return None
@@ -137,31 +168,45 @@ def refusal(state: dict[str, Any], now: dict[str, Any] | None) -> tuple[str, str
     if differs is not None:
         return (
             f"this loader state does not fit this loader: {differs}.",
-            ("the rest of the saved epoch is a position in the order that sampler deals out; "
-            "another sampler deals another order, so samples would be repeated or skipped."),
-            ("build the loader with the sampler (and arguments) the saving run had; the number "
-            "of ranks may differ."),
+            (
+                "the rest of the saved epoch is a position in the order that sampler deals out; "
+                "another sampler deals another order, so samples would be repeated or skipped."
+            ),
+            (
+                "build the loader with the sampler (and arguments) the saving run had; the number "
+                "of ranks may differ."
+            ),
         )
     if state["finished"] or saved is None or now is None or not elastic(saved, now):
         return None
     moved = f"saved on {saved['replicas']} ranks, resumed on {now['replicas']}"
     if not (now["exact"] and saved["exact"]):
         return (
-            (f"this loader state was {moved}, and the loader's DistributedSampler is a "
-            "subclass of it or sits inside a custom batch sampler."),
-            ("steadyload deals the rest of an epoch again as torch's DistributedSampler deals, "
-            "batched by torch's BatchSampler; a subclass or another batch sampler may order, "
-            "deal or batch the samples otherwise."),
-            ("resume on the same number of ranks, or use torch's DistributedSampler with "
-            "batch_size= (or accelerate's sharding)."),
+            (
+                f"this loader state was {moved}, and the loader's DistributedSampler is a "
+                "subclass of it or sits inside a custom batch sampler."
+            ),
+            (
+                "steadyload deals the rest of an epoch again as torch's DistributedSampler deals, "
+                "batched by torch's BatchSampler; a subclass or another batch sampler may order, "
+                "deal or batch the samples otherwise."
+            ),
+            (
+                "resume on the same number of ranks, or use torch's DistributedSampler with "
+                "batch_size= (or accelerate's sharding)."
+            ),
         )
     if state["yielded_beyond"]:
         return (
-            (f"this loader state was {moved}, and its rank had yielded batches out of order "
-            f"(in_order=False: {state['yielded_beyond']} beyond the first "
-            f"{state['batches_yielded']})."),
-            ("resuming on another number of ranks relies on every rank having yielded the same "
-            "first batches (lockstep), which out-of-order batches do not promise."),
+            (
+                f"this loader state was {moved}, and its rank had yielded batches out of order "
+                f"(in_order=False: {state['yielded_beyond']} beyond the first "
+                f"{state['batches_yielded']})."
+            ),
+            (
+                "resuming on another number of ranks relies on every rank having yielded the same "
+                "first batches (lockstep), which out-of-order batches do not promise."
+            ),
             "resume on the same number of ranks, or train with in_order=True.",
         )
     if state["dataset_states"] is not None:
@@ -221,8 +266,9 @@ def rest_batches(
         sampler = _distributed(loader)
         if sampler is None:  # one process: the order the saving ranks' sampler dealt
             o = now["order"]
-            sampler = DistributedSampler(loader.dataset, num_replicas=1, rank=0,
-                                         shuffle=o["shuffle"], seed=o["seed"])  # fmt: skip
+            sampler = DistributedSampler(
+                loader.dataset, num_replicas=1, rank=0, shuffle=o["shuffle"], seed=o["seed"]
+            )
             sampler.set_epoch(epoch or 0)
         whole = copy.copy(sampler)  # one replica, nothing padded: the epoch's order itself
         whole.num_replicas, whole.rank, whole.drop_last = 1, 0, False
@@ -239,7 +285,9 @@ def rest_batches(
     rest = list(inner)[start:]
     again = type(shard)(
         _Batches(rest, getattr(inner, "batch_size", None), getattr(inner, "drop_last", False)),
-        num_processes=replicas, process_index=rank, split_batches=shard.split_batches,
+        num_processes=replicas,
+        process_index=rank,
+        split_batches=shard.split_batches,
         even_batches=shard.even_batches,
-    )  # fmt: skip
+    )
     return iter(again)

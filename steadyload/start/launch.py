@@ -83,22 +83,33 @@ class _Watch:
         state = server_state(pid)
         server = f"the fork server (pid {pid})"
         if state in ("T", "t"):
-            raise StartStalled(f"{server} is stopped (process state {state!r}: SIGSTOP, a "
-                               "debugger or a frozen cgroup)", pid, True)  # fmt: skip
+            raise StartStalled(
+                f"{server} is stopped (process state {state!r}: SIGSTOP, a "
+                "debugger or a frozen cgroup)",
+                pid,
+                True,
+            )
         now, seen = self._clock(), server_progress(pid)
         if seen != self._seen:
             self._seen, self._since = seen, now
         elif now - self._since >= STALL_S:
-            raise StartStalled(f"{server} did not fork the worker and made no progress (no "
-                               f"CPU time, no reads) for {STALL_S:g} s (process state "
-                               f"{state!r})", pid, False)  # fmt: skip
+            raise StartStalled(
+                f"{server} did not fork the worker and made no progress (no "
+                f"CPU time, no reads) for {STALL_S:g} s (process state "
+                f"{state!r})",
+                pid,
+                False,
+            )
 
 
 def _wait(fd: int, for_write: bool, watch: _Watch) -> None:
     """Until ``fd`` is ready, checking on the server between slices."""
     while True:
-        ready = select.select([], [fd], [], _SLICE_S)[1] if for_write else (
-            select.select([fd], [], [], _SLICE_S)[0])  # fmt: skip
+        ready = (
+            select.select([], [fd], [], _SLICE_S)[1]
+            if for_write
+            else (select.select([fd], [], [], _SLICE_S)[0])
+        )
         if ready:
             return
         watch.check()

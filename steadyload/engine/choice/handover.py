@@ -144,11 +144,14 @@ class HandoverPool(RoutedPool):
         # set-up: imports, caches) as there are threads.
         probe.counting = probe.counting or measured[0] >= self._num_workers
         choice = (
-            chose("process", "the dataset draws from the process-wide random generators, "
-                             "which thread workers share")
+            chose(
+                "process",
+                "the dataset draws from the process-wide random generators, "
+                "which thread workers share",
+            )
             if draws_globally
             else live_choice(measured, self._num_workers, probe.figures())
-        )  # fmt: skip
+        )
         if choice is None:
             if self._warm and leans_to_processes(measured, probe.figures()):
                 self._warm = False
@@ -163,15 +166,18 @@ class HandoverPool(RoutedPool):
         try:
             ctx, info = self._processes()
             if info.method in ("fork", "zygote"):
-                raise RuntimeError(f"start_method={info.method!r} would fork this process "
-                                   "while its thread workers run (a lock one holds would "
-                                   "stay locked in the child)")
+                raise RuntimeError(
+                    f"start_method={info.method!r} would fork this process "
+                    "while its thread workers run (a lock one holds would "
+                    "stay locked in the child)"
+                )
             self._prepare(info.method)
         except Exception as exc:  # stay on threads: they work
             self._stay(f"process workers cannot start here ({type(exc).__name__}: {exc})")
             return
-        supervisor = ProcessPool(ctx, replace(self._config, preload=info.preload),
-                                self._num_workers)  # fmt: skip
+        supervisor = ProcessPool(
+            ctx, replace(self._config, preload=info.preload), self._num_workers
+        )
         self._method, self._preload = info.method, info.preload
 
         def start() -> None:  # the helper: the pool is its own until it returns
@@ -215,10 +221,18 @@ class HandoverPool(RoutedPool):
         self._procs = self._started
         self._pools.append(self._procs)  # routed to, polled and stopped from now on
         assert self._choice is not None
-        self._announce.append((CHOSEN, WorkersChosen(
-            "process", self._choice.reason + "; the first batches came from thread workers "
-            "while the processes started", self._method, self._preload,
-        )))  # fmt: skip
+        self._announce.append(
+            (
+                CHOSEN,
+                WorkersChosen(
+                    "process",
+                    self._choice.reason + "; the first batches came from thread workers "
+                    "while the processes started",
+                    self._method,
+                    self._preload,
+                ),
+            )
+        )
 
     # -- where hand-over differs from the route ----------------------------------------------
     def started_at(self, worker_id: int) -> float | None:

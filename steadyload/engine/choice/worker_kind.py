@@ -135,8 +135,7 @@ class GilProbe:
         self._stop = threading.Event()
         self.counting = False  # set once the workers are past their set-up
         self.probes, self.held, self.waited_s = 0, 0, 0.0
-        self._thread = threading.Thread(target=self._run, name="steadyload-gil-probe",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(target=self._run, name="steadyload-gil-probe", daemon=True)
 
     def figures(self) -> ProbeFigures:
         """What the probe has counted so far."""
@@ -204,22 +203,34 @@ def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | 
     if max_worker_memory is not None:
         return chose("process", "max_worker_memory needs workers with memory of their own")
     if getattr(loader, "on_error", "raise") == "skip":
-        return chose("process", "on_error='skip' expects bad samples, and one that crashes "
-                                "native code (a corrupt file in a C decoder) would end this "
-                                "process under thread workers; a process worker is replaced "
-                                "and the sample skipped")
+        return chose(
+            "process",
+            "on_error='skip' expects bad samples, and one that crashes "
+            "native code (a corrupt file in a C decoder) would end this "
+            "process under thread workers; a process worker is replaced "
+            "and the sample skipped",
+        )
     if not gil_enabled():
         return chose("thread", "this interpreter runs without the GIL")
     if isinstance(loader.dataset, IterableDataset):
-        return chose("process", "an IterableDataset's stream cannot move from a thread "
-                                 "to a process, so it is not tried on threads")
+        return chose(
+            "process",
+            "an IterableDataset's stream cannot move from a thread "
+            "to a process, so it is not tried on threads",
+        )
     if stateful(loader.dataset):
-        return chose("process", "the dataset keeps its own state (state_dict()) in each "
-                                 "worker's replica, which cannot move from a thread to a "
-                                 "process, so it is not tried on threads")
+        return chose(
+            "process",
+            "the dataset keeps its own state (state_dict()) in each "
+            "worker's replica, which cannot move from a thread to a "
+            "process, so it is not tried on threads",
+        )
     if loader.worker_init_fn is not None:
-        return chose("process", "a worker_init_fn would run in this process on threads "
-                                 "(it may seed this process's random generators)")
+        return chose(
+            "process",
+            "a worker_init_fn would run in this process on threads "
+            "(it may seed this process's random generators)",
+        )
     return None
 
 
@@ -233,8 +244,9 @@ def leans_to_processes(measured: tuple[int, int, float], probe: ProbeFigures) ->
     return probe.probes >= LEAN_PROBES and probe.held_share >= BUSY_SHARE
 
 
-def live_choice(measured: tuple[int, int, float], workers: int,
-                probe: ProbeFigures) -> WorkerChoice | None:  # fmt: skip
+def live_choice(
+    measured: tuple[int, int, float], workers: int, probe: ProbeFigures
+) -> WorkerChoice | None:
     """Decide from the thread workers' ``(tasks, samples, wall s)`` and the probe's
     figures; None: not enough yet."""
     tasks, samples, wall = measured
@@ -242,17 +254,25 @@ def live_choice(measured: tuple[int, int, float], workers: int,
         return None
     per_sample, per_batch = wall / max(samples, 1), wall / tasks
     if per_sample < CHEAP_SAMPLE_S:
-        loaded = (f"while {workers} thread workers loaded {tasks} batches, a sample took "
-                  f"{per_sample * 1e6:.0f} us")
+        loaded = (
+            f"while {workers} thread workers loaded {tasks} batches, a sample took "
+            f"{per_sample * 1e6:.0f} us"
+        )
         if per_batch >= MIN_PROCESS_BATCH_S:
-            return chose("process", f"{loaded}: samples this cheap are mostly interpreter "
-                                    "work, which threads take turns at (they hand the GIL "
-                                    "over at every torch call), and a batch "
-                                    f"({per_batch * 1e3:.1f} ms) is worth sending, so "
-                                    "processes load faster")
-        return chose("thread", f"{loaded}, but a batch only {per_batch * 1e6:.0f} us, less "
-                               "than a process worker's batch costs to receive, so threads "
-                               "stay ahead")
+            return chose(
+                "process",
+                f"{loaded}: samples this cheap are mostly interpreter "
+                "work, which threads take turns at (they hand the GIL "
+                "over at every torch call), and a batch "
+                f"({per_batch * 1e3:.1f} ms) is worth sending, so "
+                "processes load faster",
+            )
+        return chose(
+            "thread",
+            f"{loaded}, but a batch only {per_batch * 1e6:.0f} us, less "
+            "than a process worker's batch costs to receive, so threads "
+            "stay ahead",
+        )
     share = probe.held_share
     near = abs(share - BUSY_SHARE) < NEAR_LINE
     if probe.probes < MIN_PROBES or (near and probe.probes < MAX_PROBES):
@@ -264,7 +284,11 @@ def live_choice(measured: tuple[int, int, float], workers: int,
         f"{wait * 1e3:.2f} ms on average)"
     )
     if share >= BUSY_SHARE:
-        return chose("process", f"{figures}: the GIL was busy, so threads take turns "
-                                "(the work holds it)")
-    return chose("thread", f"{figures}: the GIL was mostly free, so threads load in parallel "
-                           "(the work releases it or waits)")
+        return chose(
+            "process", f"{figures}: the GIL was busy, so threads take turns (the work holds it)"
+        )
+    return chose(
+        "thread",
+        f"{figures}: the GIL was mostly free, so threads load in parallel "
+        "(the work releases it or waits)",
+    )

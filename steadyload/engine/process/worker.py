@@ -171,9 +171,12 @@ class ProcessLink:
     keeps_objects = False
 
     def __init__(
-        self, sock: socket.socket, inbox: queue.SimpleQueue[Any], arena: Arena,
+        self,
+        sock: socket.socket,
+        inbox: queue.SimpleQueue[Any],
+        arena: Arena,
         cfg: WorkerConfig,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._sock = sock
         self._inbox = inbox
         self._arena = arena
@@ -219,13 +222,21 @@ class ProcessLink:
         arena = self._arena
         used, new, retired = arena.end_task(sent=True)
         fds = announce(new)
-        channel.send(self._sock, Done(
-            task_id=done.task_id,
-            payload=arena.seal(packed) if HAVE_MEMFD else bytes(packed),
-            segments=used, new_segments=tuple(NewSegment(s.segment_id, s.nbytes) for s in new),
-            retired=retired, skipped=done.skipped, stream_state=done.stream_state,
-            samples=done.samples, load_s=done.load_s,
-        ), fds)  # fmt: skip
+        channel.send(
+            self._sock,
+            Done(
+                task_id=done.task_id,
+                payload=arena.seal(packed) if HAVE_MEMFD else bytes(packed),
+                segments=used,
+                new_segments=tuple(NewSegment(s.segment_id, s.nbytes) for s in new),
+                retired=retired,
+                skipped=done.skipped,
+                stream_state=done.stream_state,
+                samples=done.samples,
+                load_s=done.load_s,
+            ),
+            fds,
+        )
         announced(new)
 
     def after_task(self) -> bool:

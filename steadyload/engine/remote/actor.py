@@ -138,8 +138,9 @@ class RemoteWorker:
         self._queued: dict[int, Any] = {}  # numbered messages not yet fed to the loop
         self._next = 0
         self._aio: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=self._main, name="steadyload-remote-worker",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._main, name="steadyload-remote-worker", daemon=True
+        )
         if config is not None:
             self._thread.start()
 
@@ -193,8 +194,9 @@ class RemoteWorker:
         """Wait for the set-up: `Ready` or `StartFailed`."""
         await asyncio.get_running_loop().run_in_executor(None, self.set_up.wait)
         pid, node, address = _where()
-        return self._started or Ready(pid=pid, preload_missing=None,
-                                      node=f"{node[:12]} ({address})")  # fmt: skip
+        return self._started or Ready(
+            pid=pid, preload_missing=None, node=f"{node[:12]} ({address})"
+        )
 
     async def call(self, number: int, msg: Any) -> Any:
         """Message ``number`` of the pool's: fed to the loop in order; for a `Task`, its
@@ -219,8 +221,10 @@ class RemoteWorker:
         names = {t.ident: t.name for t in threading.enumerate()}
         text = []
         for ident, frame in frames.items():
-            text.append(f'Thread "{names.get(ident, ident)}" (most recent call last):\n'
-                        + "".join(traceback.format_stack(frame)))  # fmt: skip
+            text.append(
+                f'Thread "{names.get(ident, ident)}" (most recent call last):\n'
+                + "".join(traceback.format_stack(frame))
+            )
         return "\n".join(text), [int(x) for x in self.status.fields]
 
 

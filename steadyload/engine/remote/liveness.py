@@ -59,8 +59,13 @@ class RemoteCause:
             workers = sorted(w for w, _, _ in self.group)
             worker_id, outcome = workers[0], f"It took remote workers {workers} with it. {outcome}"
         return remote_died(
-            worker_id=worker_id, pid=loss.pid, cause=self, sample_indices=loss.sample_indices,
-            batches_held=loss.batches_held, sample=loss.sample, outcome=outcome,
+            worker_id=worker_id,
+            pid=loss.pid,
+            cause=self,
+            sample_indices=loss.sample_indices,
+            batches_held=loss.batches_held,
+            sample=loss.sample,
+            outcome=outcome,
             stream_batches=loss.stream_batches,
         )
 
@@ -157,7 +162,7 @@ def answers(ray: Any, handle: Any, wait_s: float = 5.0) -> bool:
 
 def classify(
     ray: Any, exc: BaseException | None, handle: Any, node_id: str, address: str, pid: int | None
-) -> RemoteCause:  # fmt: skip
+) -> RemoteCause:
     """The cause of a remote worker's end from ``exc`` (what its call raised; None: the
     actor answered nothing) and Ray's state."""
     actor_id = handle._actor_id.hex()
@@ -167,70 +172,105 @@ def classify(
     logs = _LOGS.format(pid=pid)
     if exc is not None and isinstance(exc, getattr(errors, "ObjectLostError", ())):
         return RemoteCause(
-            "its result object was lost", f"Ray lost the batch's result object on {node}: {text}",
+            "its result object was lost",
+            f"Ray lost the batch's result object on {node}: {text}",
             "nothing, if it is rare (the batch is re-run, once); if it repeats, give the "
             "object store more memory (ray start --object-store-memory) or check that node.",
-            node_id, address, ray_text=text, blames_sample=False,
-        )  # fmt: skip
+            node_id,
+            address,
+            ray_text=text,
+            blames_sample=False,
+        )
     death = actor_death(ray, actor_id)
     alive, node_reason = node_state(ray, node_id)
     ray_text = first_lines(death.get("text") or text)
     unreachable = exc is not None and isinstance(exc, getattr(errors, "ActorUnavailableError", ()))
     if death.get("oom") or (exc is not None and isinstance(exc, errors.OutOfMemoryError)):
         return RemoteCause(
-            "killed by Ray's memory monitor", f"{node} ran short of memory and Ray's memory "
-            f"monitor killed the actor: {ray_text}",
+            "killed by Ray's memory monitor",
+            f"{node} ran short of memory and Ray's memory monitor killed the actor: {ray_text}",
             "give each remote worker room: RemoteWorkers(memory=...) reserves it per actor, "
             "fewer actors per node (num_cpus=2), or a smaller batch; max_worker_memory= "
-            "replaces a leaking worker before that.", node_id, address, ray_text=ray_text,
-        )  # fmt: skip
+            "replaces a leaking worker before that.",
+            node_id,
+            address,
+            ray_text=ray_text,
+        )
     if unreachable and alive is not False and answers(ray, handle):
         return RemoteCause(
-            "its connection broke", f"Ray lost its connection to the actor on {node} ({ray_text}); "
+            "its connection broke",
+            f"Ray lost its connection to the actor on {node} ({ray_text}); "
             "the actor still answers, but a call may have been lost with it, so steadyload "
             "replaced the actor",
             f"nothing, if it is rare; if it repeats, check the network between this machine "
-            f"and {node}.", node_id, address, ray_text=ray_text, blames_sample=False,
-        )  # fmt: skip
+            f"and {node}.",
+            node_id,
+            address,
+            ray_text=ray_text,
+            blames_sample=False,
+        )
     preempted = death.get("preempted") or death.get("node_reason") == "AUTOSCALER_DRAIN_PREEMPTED"
     if preempted or (node_id and draining(node_id)):
         return RemoteCause(
-            f"{node} preempted", f"{node} was preempted: Ray was draining it for preemption "
+            f"{node} preempted",
+            f"{node} was preempted: Ray was draining it for preemption "
             "(a spot node its cloud provider takes back)" + (f"; Ray: {ray_text}" if death else ""),
             "nothing: spot nodes go; the batches were re-run on the others. Use on-demand "
             "nodes (or a label_selector) for a pool that must not shrink.",
-            node_id, address, node_lost=True, ray_text=ray_text, blames_sample=False,
-        )  # fmt: skip
+            node_id,
+            address,
+            node_lost=True,
+            ray_text=ray_text,
+            blames_sample=False,
+        )
     if death.get("reason") == "NODE_DIED" or alive is False or unreachable:
         why = node_reason or death.get("node_text") or ray_text
         return RemoteCause(
-            f"{node} lost", f"{node} left the cluster"
+            f"{node} lost",
+            f"{node} left the cluster"
             + (f" (Ray: {why})" if why else "")
             + ("; its raylet stopped answering" if unreachable and alive is not False else ""),
             "nothing, if it is rare: the batches were re-run on the other workers. If nodes "
             f"go often, look at {logs} and at the machine (kernel log, power, network).",
-            node_id, address, node_lost=True, ray_text=ray_text, blames_sample=False,
-        )  # fmt: skip
+            node_id,
+            address,
+            node_lost=True,
+            ray_text=ray_text,
+            blames_sample=False,
+        )
     if death.get("reason") == "RAY_KILL":
         return RemoteCause(
-            "killed through Ray", f"something other than steadyload killed the actor "
-            f"(ray.kill, `ray stop`): {ray_text}",
+            "killed through Ray",
+            f"something other than steadyload killed the actor (ray.kill, `ray stop`): {ray_text}",
             "do not kill a loader's actors by hand; they end with the loader.",
-            node_id, address, ray_text=ray_text, blames_sample=False,
-        )  # fmt: skip
+            node_id,
+            address,
+            ray_text=ray_text,
+            blames_sample=False,
+        )
     return RemoteCause(
-        "its Ray worker process died", f"the actor's process (pid {pid}) on {node} exited "
+        "its Ray worker process died",
+        f"the actor's process (pid {pid}) on {node} exited "
         f"unexpectedly: a signal (SIGKILL from the OOM killer or a person), a crash in "
         f"native code, or os._exit. Ray: {ray_text}",
         f"look at the node's kernel log (dmesg: an OOM kill names pid {pid}) and {logs}.",
-        node_id, address, ray_text=ray_text,
-    )  # fmt: skip
+        node_id,
+        address,
+        ray_text=ray_text,
+    )
 
 
 def remote_died(
-    *, worker_id: int, pid: int | None, cause: RemoteCause, sample_indices: list[Any],
-    batches_held: int, sample: Any, outcome: str, stream_batches: list[int],
-) -> WorkerDiedError:  # fmt: skip
+    *,
+    worker_id: int,
+    pid: int | None,
+    cause: RemoteCause,
+    sample_indices: list[Any],
+    batches_held: int,
+    sample: Any,
+    outcome: str,
+    stream_batches: list[int],
+) -> WorkerDiedError:
     """The `WorkerDiedError` of a remote worker: its node, pid, Ray's cause and the samples
     it held (re-run elsewhere when ``outcome`` says so)."""
     if stream_batches:
@@ -247,10 +287,19 @@ def remote_died(
     if outcome:
         message += f"\n{outcome}"
     return WorkerDiedError(
-        message, worker_id=worker_id, pid=pid, sample_indices=sample_indices,
-        evidence={"kind": "remote", "node_id": cause.node_id, "address": cause.address,
-                  "node_lost": cause.node_lost, "ray": cause.ray_text, "sample": sample},
-    )  # fmt: skip
+        message,
+        worker_id=worker_id,
+        pid=pid,
+        sample_indices=sample_indices,
+        evidence={
+            "kind": "remote",
+            "node_id": cause.node_id,
+            "address": cause.address,
+            "node_lost": cause.node_lost,
+            "ray": cause.ray_text,
+            "sample": sample,
+        },
+    )
 
 
 def stack(ray: Any, a: Any, wait_s: float) -> str:

@@ -27,8 +27,11 @@ def dumps_config(config: WorkerConfig) -> bytes:
     try:
         return bytes(cloudpickle.dumps(config))
     except Exception as exc:
-        parts = {"dataset": config.dataset, "collate_fn": config.collate_fn,
-                 "worker_init_fn": config.worker_init_fn}  # fmt: skip
+        parts = {
+            "dataset": config.dataset,
+            "collate_fn": config.collate_fn,
+            "worker_init_fn": config.worker_init_fn,
+        }
         raise diagnose(parts, cloudpickle.dumps, exc) from exc
 
 
@@ -111,9 +114,11 @@ def warn_unplaced(ray: Any, spec: RemoteWorkers, worker_id: int) -> None:
         "remote worker %d has waited %.0f s for Ray to place its actor (it needs "
         "num_cpus=%s%s%s); the cluster has %s CPU(s) free. Its batches wait for it. "
         "Add nodes (an autoscaling cluster adds them for a pending actor), ask for fewer "
-        "remote_workers, or lower RemoteWorkers(num_cpus=...).", worker_id,
-        PLACEMENT_WARN_S, spec.num_cpus,
+        "remote_workers, or lower RemoteWorkers(num_cpus=...).",
+        worker_id,
+        PLACEMENT_WARN_S,
+        spec.num_cpus,
         f", resources={spec.resources}" if spec.resources else "",
         f", labels={spec.label_selector}" if spec.label_selector else "",
         free.get("CPU", 0),
-    )  # fmt: skip
+    )

@@ -42,9 +42,14 @@ class StallScaler:
     """Decides +1, -1 or 0 once per window from the loop's figures (see module)."""
 
     def __init__(
-        self, minimum: int, maximum: int, *, interval_s: float = INTERVAL_S,
-        grow_above: float = GROW_ABOVE, shrink_below: float = SHRINK_BELOW,
-    ) -> None:  # fmt: skip
+        self,
+        minimum: int,
+        maximum: int,
+        *,
+        interval_s: float = INTERVAL_S,
+        grow_above: float = GROW_ABOVE,
+        shrink_below: float = SHRINK_BELOW,
+    ) -> None:
         self.minimum, self.maximum = minimum, maximum
         self.ceiling = maximum  # lowered when an added worker did not help
         self._interval = interval_s
@@ -58,8 +63,14 @@ class StallScaler:
         self._window = None
 
     def observe(
-        self, now: float, wait_s: float, batches: int, live: int, ready: int, unplaced: int,
-    ) -> tuple[int, float, float, str]:  # fmt: skip
+        self,
+        now: float,
+        wait_s: float,
+        batches: int,
+        live: int,
+        ready: int,
+        unplaced: int,
+    ) -> tuple[int, float, float, str]:
         """(change, stall share, batch rate, reason) for the figures at ``now``: the loop's
         total waiting seconds and batches so far, the live remote workers, batches ready
         and not yet taken, and actors Ray has not placed yet. Change 0: nothing to do."""
@@ -78,14 +89,24 @@ class StallScaler:
         if grown_from is not None and rate < grown_from * GAIN and stall > self._grow_above:
             self.ceiling = max(self.minimum, live - 1)
             if live > self.minimum:
-                return -1, stall, rate, (
-                    f"the worker added last did not help ({rate:.1f} batches/s, "
-                    f"{grown_from:.1f} before): the limit is not the workers")
+                return (
+                    -1,
+                    stall,
+                    rate,
+                    (
+                        f"the worker added last did not help ({rate:.1f} batches/s, "
+                        f"{grown_from:.1f} before): the limit is not the workers"
+                    ),
+                )
         if stall > self._grow_above and live < min(self.maximum, self.ceiling):
             self._grown_from = rate
             return +1, stall, rate, f"the training loop waited {stall:.0%} of the time"
         if stall < self._shrink_below and ready >= max(2, live) and live > self.minimum:
             self.ceiling = self.maximum  # the load changed: growing may help again later
-            return -1, stall, rate, (
-                f"{ready} batches were ready and waiting; the loop waited {stall:.0%}")
+            return (
+                -1,
+                stall,
+                rate,
+                (f"{ready} batches were ready and waiting; the loop waited {stall:.0%}"),
+            )
         return 0, stall, rate, ""

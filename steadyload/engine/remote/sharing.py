@@ -57,7 +57,9 @@ def give_back_idle(asking: object) -> list[int]:
             _LOG.info(
                 "remote workers %s of an idle iterator gave back their Ray resources to "
                 "another loader's workers that Ray could not place; they start again if "
-                "that iterator is used again", given)  # fmt: skip
+                "that iterator is used again",
+                given,
+            )
             ids += given
     return ids
 

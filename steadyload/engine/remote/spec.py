@@ -84,9 +84,11 @@ class RemoteWorkers:
         tasks itself), never on ``excluded_nodes`` (lost: Ray may place actors there until
         its health check notices)."""
         options: dict[str, Any] = dict(
-            num_cpus=self.num_cpus, max_restarts=0, max_task_retries=0,
+            num_cpus=self.num_cpus,
+            max_restarts=0,
+            max_task_retries=0,
             scheduling_strategy=self.scheduling_strategy,
-        )  # fmt: skip
+        )
         for key in ("resources", "memory", "label_selector", "runtime_env"):
             if getattr(self, key) is not None:
                 options[key] = getattr(self, key)

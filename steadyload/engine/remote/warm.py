@@ -68,8 +68,11 @@ class Prestarted:
             except Exception:  # already gone, or Ray is shutting down
                 pass
         if handles:
-            _LOG.info("%d prestarted remote worker(s) of a loader not iterated yet gave back "
-                      "their Ray resources", len(handles))  # fmt: skip
+            _LOG.info(
+                "%d prestarted remote worker(s) of a loader not iterated yet gave back "
+                "their Ray resources",
+                len(handles),
+            )
         return []
 
 

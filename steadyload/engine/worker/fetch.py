@@ -143,10 +143,12 @@ class Fetcher:
         dataset, iterator = self._holders
         if dataset is None and iterator is None:
             return None
-        return pickle.dumps({
-            "dataset": dataset.state_dict() if dataset is not None else None,
-            "iterator": iterator.state_dict() if iterator is not None else None,
-        })  # fmt: skip
+        return pickle.dumps(
+            {
+                "dataset": dataset.state_dict() if dataset is not None else None,
+                "iterator": iterator.state_dict() if iterator is not None else None,
+            }
+        )
 
     @property
     def where(self) -> str:
@@ -325,13 +327,21 @@ class Fetcher:
         assert self._raised is not None
         number, error_type, message = self._raised
         self.cut = StreamCut(
-            worker_id=-1 if self._worker_id is None else self._worker_id, item=number,
-            yielded=self._yielded, error_type=error_type, message=message, reason=why,
-        )  # fmt: skip
+            worker_id=-1 if self._worker_id is None else self._worker_id,
+            item=number,
+            yielded=self._yielded,
+            error_type=error_type,
+            message=message,
+            reason=why,
+        )
 
 
 def start_fetching(
-    cfg: WorkerConfig, dataset: Any, worker_id: int, fields: Any, seeder: Any,
+    cfg: WorkerConfig,
+    dataset: Any,
+    worker_id: int,
+    fields: Any,
+    seeder: Any,
 ) -> tuple[Callable[[bytes | None], Fetcher], Fetcher | None, tuple[BaseException, str] | None]:
     """A worker's start (process or thread): run ``worker_init_fn``, then make the first
     fetcher (unless ``cfg.lazy_iter``: then None, made by the loop when the first message
@@ -345,8 +355,15 @@ def start_fetching(
         starting(fields, ITER)  # a stream's iter(dataset) runs here (each epoch, a resume)
         try:
             return Fetcher(
-                cfg.dataset_kind, dataset, cfg.auto_collation, cfg.collate_fn, cfg.drop_last,
-                skip_errors=cfg.skip_errors, fields=fields, seeder=seeder, worker_id=worker_id,
+                cfg.dataset_kind,
+                dataset,
+                cfg.auto_collation,
+                cfg.collate_fn,
+                cfg.drop_last,
+                skip_errors=cfg.skip_errors,
+                fields=fields,
+                seeder=seeder,
+                worker_id=worker_id,
                 position=position,
             )
         finally:

@@ -86,8 +86,15 @@ def failed_outcome(task_id: int, exc: BaseException, where: str, *, keep: bool =
     process), else pickled if it survives pickling, else its class and words."""
     type_name, text = describe_exception(exc)
     if keep:
-        return Failed(task_id=task_id, exception=None, type_name=type_name, text=text,
-                      traceback=format_traceback(exc), where=where, error=exc)  # fmt: skip
+        return Failed(
+            task_id=task_id,
+            exception=None,
+            type_name=type_name,
+            text=text,
+            traceback=format_traceback(exc),
+            where=where,
+            error=exc,
+        )
     data: bytes | None
     kind: bytes | None = None
     try:
@@ -100,9 +107,14 @@ def failed_outcome(task_id: int, exc: BaseException, where: str, *, keep: bool =
         except Exception:
             kind = None
     return Failed(
-        task_id=task_id, exception=data, type_name=type_name, text=text,
-        traceback=format_traceback(exc), where=where, exception_type=kind,
-    )  # fmt: skip
+        task_id=task_id,
+        exception=data,
+        type_name=type_name,
+        text=text,
+        traceback=format_traceback(exc),
+        where=where,
+        exception_type=kind,
+    )
 
 
 def _fail(link: Link, task_id: int, exc: BaseException, where: str) -> None:
@@ -110,13 +122,18 @@ def _fail(link: Link, task_id: int, exc: BaseException, where: str) -> None:
 
 
 def run(
-    cfg: WorkerConfig, dataset: Any, worker_id: int, link: Link, status: Status,
+    cfg: WorkerConfig,
+    dataset: Any,
+    worker_id: int,
+    link: Link,
+    status: Status,
     seeder: Any,
-) -> None:  # fmt: skip
+) -> None:
     """A worker's life after its kind's set-up: ``worker_init_fn`` and the first iterator,
     `Ready`, then one outcome per task until `Stop` (or `Link.after_task` says stop)."""
-    new_fetcher, fetcher, init_error = start_fetching(cfg, dataset, worker_id, status.fields,
-                                                      seeder)  # fmt: skip
+    new_fetcher, fetcher, init_error = start_fetching(
+        cfg, dataset, worker_id, status.fields, seeder
+    )
     link.ready()
     ended = False
     while True:
@@ -133,8 +150,11 @@ def run(
                     try:
                         fetcher = new_fetcher(position)
                     except Exception as exc:
-                        where = "in iter(dataset)" if position is None else (
-                            "restoring the dataset's state (load_state_dict, iter(dataset))")
+                        where = (
+                            "in iter(dataset)"
+                            if position is None
+                            else ("restoring the dataset's state (load_state_dict, iter(dataset))")
+                        )
                         init_error = (exc, where)
                 continue
             case Task():
@@ -172,8 +192,12 @@ def _position(fetcher: Fetcher) -> bytes | None:
 
 
 def _run_task(
-    task: Task, fetcher: Fetcher, kind: int, link: Link, status: Status,
-) -> bool:  # fmt: skip
+    task: Task,
+    fetcher: Fetcher,
+    kind: int,
+    link: Link,
+    status: Status,
+) -> bool:
     """Run one task and send its outcome; True when the dataset's stream has ended."""
     began = time.perf_counter()
     link.begin_task()
@@ -187,8 +211,9 @@ def _run_task(
         link.cancel_task()
         if kind == ITERABLE:
             # Where it ended, for a state saved between epochs (an epoch counter).
-            link.send(Exhausted(task.task_id, tuple(fetcher.skipped), fetcher.cut,
-                                _position(fetcher)))
+            link.send(
+                Exhausted(task.task_id, tuple(fetcher.skipped), fetcher.cut, _position(fetcher))
+            )
             return True
         _fail(link, task.task_id, exc, fetcher.where)
         return False
@@ -212,8 +237,16 @@ def _run_task(
         where = "while saving the dataset's position (state_dict())"
         _fail(link, task.task_id, exc, where)
         return False
-    link.send_batch(Done(
-        task_id=task.task_id, payload=b"", segments=(), skipped=tuple(fetcher.skipped),
-        stream_state=state, samples=fetcher.count, load_s=time.perf_counter() - began,
-    ), packed)  # fmt: skip
+    link.send_batch(
+        Done(
+            task_id=task.task_id,
+            payload=b"",
+            segments=(),
+            skipped=tuple(fetcher.skipped),
+            stream_state=state,
+            samples=fetcher.count,
+            load_s=time.perf_counter() - began,
+        ),
+        packed,
+    )
     return False
