@@ -72,6 +72,15 @@ def _ours(name: str) -> bool:
     return name == "steadyload" or name.startswith("steadyload.")
 
 
+def _target(node: ast.ImportFrom, here: str) -> str:
+    """The absolute module a ``from ... import`` reads from, in package ``here``."""
+    if not node.level:
+        return node.module or ""
+    base = here.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(module: str, path: Path) -> tuple[set[str], set[str]]:
     """(modules of the package that ``module`` imports, imported names that do not exist)."""
     tree = ast.parse(path.read_text(), str(path))
@@ -83,12 +92,7 @@ def _imports(module: str, path: Path) -> tuple[set[str], set[str]]:
                 if _ours(alias.name):
                     (found if alias.name in MODULES else missing).add(alias.name)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _target(node, here)
             if not _ours(target):
                 continue
             if target not in MODULES:
@@ -252,12 +256,7 @@ def _private_uses(module: str, path: Path) -> list[str]:
                     name = alias.asname or alias.name.partition(".")[0]
                     bound[name] = alias.name if alias.asname else name
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _target(node, here)
             if not _ours(target):
                 continue
             for alias in node.names:
