@@ -272,10 +272,10 @@ class Recovery:
         else:  # a group: one event, one restart
             _LOG.log(
                 level,
-                "%s (pid %s) with workers %s: steadyload started %d replacement worker(s)%s; "
+                "%s with %s workers %s: steadyload started %d replacement worker(s)%s; "
                 "the %s they held are re-run in order.",
                 cause,
-                died.pid,
+                died.kind,
                 workers,
                 len(workers),
                 restart,
