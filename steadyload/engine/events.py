@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from .. import diagnosis
 from ..diagnosis import Evidence
 from ..errors import WorkerDiedError
 from .protocol import Done
@@ -63,6 +64,24 @@ class Loss:
     """What the machine and the memory sampler say (memory, OOM kills, /dev/shm, stage)."""
     outcome: str = ""
     """What steadyload did about it (a restart, a skip, nothing), as the message's last line."""
+
+    def worker_died(
+        self, exitcode: int | None, start_method: str, evidence: Evidence | None = None
+    ) -> WorkerDiedError:
+        """The death worded as a worker's exit (`diagnosis.worker_died`): for causes that
+        are an exit status, or have none (an abandoned thread)."""
+        return diagnosis.worker_died(
+            worker_id=self.worker_id,
+            pid=self.pid,
+            exitcode=exitcode,
+            sample_indices=self.sample_indices,
+            batches_held=self.batches_held,
+            start_method=start_method,
+            evidence=evidence or self.evidence,
+            sample=self.sample,
+            outcome=self.outcome,
+            stream_batches=self.stream_batches,
+        )
 
 
 @runtime_checkable

@@ -53,18 +53,7 @@ class ProcessExit:
     def explain(self, loss: Loss) -> WorkerDiedError:
         """torch's first line, then the signal's likely cause with its evidence and a fix."""
         evidence = dataclasses.replace(loss.evidence, stacks=self.stacks, libraries=self.libraries)
-        return diagnosis.worker_died(
-            worker_id=loss.worker_id,
-            pid=loss.pid,
-            exitcode=self.exitcode,
-            sample_indices=loss.sample_indices,
-            batches_held=loss.batches_held,
-            start_method=self.start_method,
-            evidence=evidence,
-            sample=loss.sample,
-            outcome=loss.outcome,
-            stream_batches=loss.stream_batches,
-        )
+        return loss.worker_died(self.exitcode, self.start_method, evidence)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,18 +41,7 @@ class ThreadEnd:
     def explain(self, loss: Loss) -> WorkerDiedError:
         """What escaped, why on_error cannot skip it, the fix, and its traceback."""
         if not self.raised:  # abandoned: worded as a process death without a status
-            return diagnosis.worker_died(
-                worker_id=loss.worker_id,
-                pid=loss.pid,
-                exitcode=None,
-                sample_indices=loss.sample_indices,
-                batches_held=loss.batches_held,
-                start_method="thread",
-                evidence=loss.evidence,
-                sample=loss.sample,
-                outcome=loss.outcome,
-                stream_batches=loss.stream_batches,
-            )
+            return loss.worker_died(None, "thread")
         return diagnosis.thread_died(
             worker_id=loss.worker_id,
             raised=self.raised,

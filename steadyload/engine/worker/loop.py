@@ -85,27 +85,18 @@ def failed_outcome(task_id: int, exc: BaseException, where: str, *, keep: bool =
     """The `Failed` message for ``exc``: the object itself when ``keep`` (the parent is this
     process), else pickled if it survives pickling, else its class and words."""
     type_name, text = describe_exception(exc)
-    if keep:
-        return Failed(
-            task_id=task_id,
-            exception=None,
-            type_name=type_name,
-            text=text,
-            traceback=format_traceback(exc),
-            where=where,
-            error=exc,
-        )
-    data: bytes | None
+    data: bytes | None = None
     kind: bytes | None = None
-    try:
-        data = pickle.dumps(exc)
-        pickle.loads(data)  # exceptions with custom __init__ often fail only here
-    except Exception:
-        data = None
-        try:  # an attribute did not pickle (an open file): the class alone may
-            kind = pickle.dumps(type(exc))
+    if not keep:
+        try:
+            data = pickle.dumps(exc)
+            pickle.loads(data)  # exceptions with custom __init__ often fail only here
         except Exception:
-            kind = None
+            data = None
+            try:  # an attribute did not pickle (an open file): the class alone may
+                kind = pickle.dumps(type(exc))
+            except Exception:
+                kind = None
     return Failed(
         task_id=task_id,
         exception=data,
@@ -114,6 +105,7 @@ def failed_outcome(task_id: int, exc: BaseException, where: str, *, keep: bool =
         traceback=format_traceback(exc),
         where=where,
         exception_type=kind,
+        error=exc if keep else None,
     )
 
 
