@@ -32,7 +32,6 @@ import torch
 from .. import rebuild_watch
 from ..loader import DataLoader
 from ..options import check_option_names, options_of
-from ..resume import shards
 
 TESTED = "1.15"  # the accelerate release this module was written and tested against
 STATE_FILE = "steadyload_loader_{index}_rank{rank}.pt"
@@ -361,14 +360,13 @@ def skip_first_batches(loader: Any, num_batches: int = 0) -> Any:
     if base is None:
         return adl.skip_first_batches(loader, num_batches)
     pending = base._checkpoints.pending
-    saved = pending.get("sharding") if pending is not None else None
-    if saved is not None and shards.elastic(saved, shards.of(base, saved)):
+    if pending is not None and pending.redeal:
         return loader  # saved on another number of ranks: the caller's count is theirs
     if pending is not None:
-        at = 0 if pending["finished"] else pending["batches_yielded"]
+        at = 0 if pending.finished else pending.yielded.prefix
         if at != num_batches:
             raise ValueError(
-                f"the loaded steadyload state resumes epoch {pending['epoch']} after {at} "
+                f"the loaded steadyload state resumes epoch {pending.epoch} after {at} "
                 f"batches, but {num_batches} batches are to be skipped.\nWhy: the loader "
                 "state and the step count come from different checkpoints.\nFix: load the "
                 "loader state saved with this checkpoint, or skip without it (build the "

@@ -94,7 +94,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             sample_seeds=self._opts.sample_seeds,
             hang_timeout_s=self._opts.hang_timeout,
             lazy_iter=checkpoints.pending is not None
-            and checkpoints.pending["dataset_states"] is not None,
+            and checkpoints.pending.dataset_states is not None,
         )
         self._stream_state: dict[int, bytes] = {}  # worker -> state after its last batch
         self._ended: dict[int, bytes | None] = {}  # worker -> its stream's position at its end

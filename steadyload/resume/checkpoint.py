@@ -21,8 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.utils.data as tud
@@ -31,7 +30,6 @@ from ..engine.remote.spec import all_workers
 from ..engine.worker.fetch import ITERABLE, restore_replica
 from . import shards
 from .epoch_order import (
-    GLOBAL,
     EpochStart,
     Indices,
     YieldedBatches,
@@ -39,18 +37,18 @@ from .epoch_order import (
     encode_rng,
     load_samplers,
     not_replayable,
+    order_of,
     replay,
     sampler_iterator,
     set_generators,
 )
 from .progress import EpochProgress, fail, persistent, replica_positions, saved_positions
-from .state_check import REPLAY_WHY_FIX, STATE_FORMAT, STATE_VERSION, check_loadable, dataset_len
+from .validate import REPLAY_WHY_FIX, STATE_FORMAT, STATE_VERSION, Resume, check, dataset_len
 
 _LOG = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Mark:
+class Mark(NamedTuple):
     """Where a loader stood at one moment (`Checkpoints.mark`); `Checkpoints.save` makes it
     a state. ``start`` is what decided the epoch in progress or, between epochs, what
     decides the next (the generators and samplers now); ``pending`` is a loaded state not
@@ -62,7 +60,7 @@ class Mark:
     prefix: int
     beyond: frozenset[int]
     start: EpochStart | None
-    pending: dict[str, Any] | None
+    pending: Resume | None
     positions: dict[str, Any] | None
     base_seed: int | None = None
     unsaveable: str | None = None
@@ -79,7 +77,8 @@ class Checkpoints:
     def __init__(self) -> None:
         self.epoch = -1
         self._start: EpochStart | None = None
-        self._pending: dict[str, Any] | None = None  # loaded, waiting for the next epoch
+        self._pending: Resume | None = None  # loaded and checked, waiting for the next epoch
+        self._frame: tuple[EpochStart, dict[str, Any]] | None = None  # (`_constant`)
         self._skip = 0  # batches the next epoch starts after (skip_next_epoch)
         self._caller_rng: tuple[torch.Generator | None, torch.Tensor] | None = None
         self._current: EpochProgress | None = None  # the latest epoch, even once its
@@ -100,27 +99,29 @@ class Checkpoints:
         if pending is None and self._left_redealt():
             # A framework that counts the resumed epoch in the new world size's len() may
             # start its next epoch before the rest was delivered: the rest comes first.
-            pending = self.save(loader, at=self.consumed() if self.consumed else None)
+            pending = check(
+                loader, self.save(loader, at=self.consumed() if self.consumed else None)
+            )
             _LOG.info(
                 "steadyload: the re-dealt epoch %d was left with batches to go: this "
                 "iterator delivers them first (a re-dealt epoch ends at its end)",
-                pending["epoch"],
+                pending.epoch,
             )
         skip, self._skip = self._skip, 0
         self._apply_base_seed(it, pending)
-        if pending is not None and not pending["finished"]:
+        if pending is not None and not pending.finished:
             progress = EpochProgress(self.epoch)
             self._start, it._sampler_iter, progress.yielded = replay(
                 loader, it._index_sampler, pending, int(it._base_seed)
             )
             it._num_yielded = progress.yielded.count
-            progress.resume_streams = pending["dataset_states"]
+            progress.resume_streams = pending.dataset_states
             self._current = progress
             return progress
         self.epoch += 1
         progress = EpochProgress(self.epoch)
         if pending is not None:  # saved between epochs (its generators: before_iterator)
-            progress.resume_streams = pending["dataset_states"]
+            progress.resume_streams = pending.dataset_states
         source, held = sampler_iterator(loader, it._index_sampler, it._sampler_iter)
         it._sampler_iter = Indices(source, skip=YieldedBatches(skip) if skip else None)
         if skip:
@@ -151,15 +152,15 @@ class Checkpoints:
         drawn it before the save: the new draw is undone as the seed is applied (before a
         saved dataset position, which may set the global generator itself)."""
         pending = self._pending
-        if pending is not None and pending["finished"]:
-            set_generators(loader, pending["rng"], include_global=loader.generator is None)
-            load_samplers(loader, pending["samplers"])
-            saved = pending["dataset_states"]
+        if pending is not None and pending.finished:
+            set_generators(loader, pending.rng, include_global=loader.generator is None)
+            load_samplers(loader, pending.samplers)
+            saved = pending.dataset_states
             if saved is not None and all_workers(loader) == 0:
                 # The dataset object the saving run went on with, as it was at the save:
                 # before the draws (its state may be a generator's; in workers it is not ours)
                 restore_replica(loader._dataset_kind, loader.dataset, saved["workers"][0])
-                pending["dataset_states"] = None
+                pending.dataset_states = None
         gen = loader.generator
         self._caller_rng = None
         if self.replaces_base_seed():
@@ -171,11 +172,11 @@ class Checkpoints:
 
     def replaces_base_seed(self) -> bool:
         """Whether the next iterator's base seed will be a saved one, not its own draw."""
-        return self._pending is not None and self._pending["base_seed"] is not None
+        return self._pending is not None and self._pending.base_seed is not None
 
-    def _apply_base_seed(self, it: Any, saved: dict[str, Any] | None) -> None:
-        if saved is not None and saved["base_seed"] is not None:
-            it._base_seed = saved["base_seed"]
+    def _apply_base_seed(self, it: Any, saved: Resume | None) -> None:
+        if saved is not None and saved.base_seed is not None:
+            it._base_seed = saved.base_seed
         if self._caller_rng is not None:  # undo torch's draw (before_iterator)
             gen, state = self._caller_rng
             if gen is not None:
@@ -194,8 +195,8 @@ class Checkpoints:
 
     # -- called by the loader and the integrations ----------------------------------------
     @property
-    def pending(self) -> dict[str, Any] | None:
-        """The state `load` parked for the next epoch (not a copy), or None."""
+    def pending(self) -> Resume | None:
+        """The state `load` checked and parked for the next epoch (not a copy), or None."""
         return self._pending
 
     def skip_next_epoch(self, loader: tud.DataLoader[Any], batches: int) -> None:
@@ -266,61 +267,79 @@ class Checkpoints:
 
     def save(self, loader: tud.DataLoader[Any], at: Mark | None = None) -> dict[str, Any]:
         """`DataLoader.state_dict`: the loader's position (now, or at a `mark`), as plain
-        Python (JSON-able when the dataset's own states are)."""
+        Python (JSON-able when the dataset's own states are).
+
+        What stays the same for an epoch (its generators, encoded; the sampler states; the
+        loader's arguments) is built once (`_constant`), so that a state per step costs a
+        copy of that and the position."""
         at = at if at is not None else self.mark(loader)
-        known = self._start if at.finished else at.start  # between epochs: the last epoch's
-        reason = not_replayable(loader, known.samplers if known is not None else {})
-        if reason is not None and at.pending is None:
+        if at.pending is not None:
+            return copy.deepcopy(at.pending.state)  # loaded but not yet iterated: unchanged
+        start = at.start
+        assert start is not None  # (a mark without a loaded state has one)
+        frame = self._constant(loader, start)
+        reason = frame["_not_replayable"]
+        if at.finished:  # between epochs: whether the last epoch's sampler can be replayed
+            known = self._start
+            reason = not_replayable(loader, known.samplers if known is not None else {})
+        if reason is not None:
             raise fail(
                 "steadyload cannot save this DataLoader's position: " + reason + ".",
                 *REPLAY_WHY_FIX,
             )
         if at.unsaveable is not None:
             raise ValueError(at.unsaveable)  # a fresh error each time: no growing traceback
-        if at.pending is not None:
-            return copy.deepcopy(at.pending)  # loaded but not yet iterated: unchanged
-        start = at.start
-        state: dict[str, Any] = {
+        state = {k: v for k, v in frame.items() if k[0] != "_"}
+        state["rng"] = dict(frame["rng"])  # (the values are text: immutable)
+        if frame["samplers"]:
+            state["samplers"] = copy.deepcopy(frame["samplers"])
+        else:
+            state["samplers"] = {}
+        sharding = frame["sharding"]
+        if sharding is not None:
+            state["sharding"] = {**sharding, "order": dict(sharding["order"])}
+        state["world"] = dict(frame["world"])
+        state["order"] = list(frame["order"])
+        state["epoch"] = at.epoch
+        state["finished"] = at.finished
+        state["batches_yielded"] = at.prefix
+        state["yielded_beyond"] = sorted(at.beyond)
+        state["base_seed"] = at.base_seed
+        state["distributed_epoch"] = None if at.finished else start.distributed_epoch
+        state["dataset_states"] = (
+            saved_positions(loader, at.positions) if at.positions is not None else None
+        )
+        return state
+
+    def _constant(self, loader: tud.DataLoader[Any], start: EpochStart) -> dict[str, Any]:
+        """The part of a state that ``start``'s epoch does not change (kept for the epoch in
+        progress); keys starting with ``_`` are not part of the state."""
+        if self._frame is not None and self._frame[0] is start:
+            return self._frame[1]
+        frame = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
-            "epoch": at.epoch,
-            "finished": at.finished,
-            "batches_yielded": at.prefix,
-            "yielded_beyond": sorted(at.beyond),
-            "base_seed": at.base_seed,
-            "rng": {},
-            "samplers": {},
-            "distributed_epoch": None,
-            "sharding": shards.describe(loader),
+            "rng": {k: encode_rng(v) for k, v in start.rng.items()},
+            "samplers": copy.deepcopy(start.samplers),
+            "sharding": copy.deepcopy(start.sharding),
             "dataset_len": dataset_len(loader),
             "batch_size": loader.batch_size,
             "drop_last": loader.drop_last,
             "num_workers": all_workers(loader),
             "persistent": persistent(loader),
-            "dataset_states": (
-                saved_positions(loader, at.positions) if at.positions is not None else None
-            ),
+            "world": shards.world(),
+            "order": order_of(loader),
+            "_not_replayable": not_replayable(loader, start.samplers),
         }
-        if start is not None:  # what decided the epoch as it began, or decides the next
-            state.update(
-                rng={k: encode_rng(v) for k, v in start.rng.items()},
-                samplers=copy.deepcopy(start.samplers),
-                distributed_epoch=None if at.finished else start.distributed_epoch,
-                sharding=copy.deepcopy(start.sharding),
-            )
-        return state
+        if start is self._start:
+            self._frame = (start, frame)
+        return frame
 
     def load(self, loader: tud.DataLoader[Any], state: Any) -> None:
-        """`DataLoader.load_state_dict`: validate ``state``; the next epoch resumes it."""
-        check_loadable(loader, state)
-        self.epoch = state["epoch"]
-        self._pending = copy.deepcopy(state)
+        """`DataLoader.load_state_dict`: check ``state`` whole (`validate.check`); only then
+        is it parked for the next epoch, which applies it. A state that fails leaves the
+        loader as it was."""
+        resume = check(loader, state)
+        self.epoch = resume.epoch
+        self._pending = resume
         self._skip = 0  # the loaded position supersedes a requested skip
-        saved = state.get("sharding")
-        mine = shards.of(loader, saved)
-        if saved is not None and mine is not None and saved["rank"] != mine["rank"]:
-            # Another rank's state (a framework keeps rank 0's; a resume on more ranks):
-            # its base seed and torch's global generator are that rank's, and taking them
-            # would make this rank's workers and random draws repeat that rank's.
-            self._pending["base_seed"] = None
-            self._pending["rng"].pop(GLOBAL, None)

@@ -16,7 +16,7 @@ import base64
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils.data as tud
@@ -25,6 +25,9 @@ from torch.utils.data.distributed import DistributedSampler
 from ..engine.worker.fetch import ITERABLE, stateful
 from . import shards
 from .shards import qualname
+
+if TYPE_CHECKING:
+    from .validate import Resume
 
 GLOBAL = "torch.global"  # key of torch's default CPU generator in the saved RNG states
 
@@ -39,7 +42,7 @@ _REPLAYABLE = (
     DistributedSampler,
 )
 # Framework samplers whose order is a pure function of what they wrap, their arguments and
-# a generator (found by `_generators`) or an epoch the framework sets before iterating.
+# a generator (found by `generators`) or an epoch the framework sets before iterating.
 _KNOWN_WRAPPERS = frozenset(
     {
         "accelerate.data_loader.BatchSamplerShard",  # a rank's share of the wrapped batches
@@ -47,31 +50,49 @@ _KNOWN_WRAPPERS = frozenset(
         "accelerate.data_loader.SeedableRandomSampler",  # reseeds from initial_seed + epoch
     }
 )
+_WRAPPERS = frozenset(  # deal or skip the batches of what they wrap: no order of their own
+    {"accelerate.data_loader.BatchSamplerShard", "accelerate.data_loader.SkipBatchSampler"}
+)
 _MAX_DEPTH = 4
 
 
-def _chain(loader: tud.DataLoader[Any]) -> list[tuple[str, Any]]:
-    """The sampler objects that decide the index order, outermost first, with their paths.
+def _chain(loader: tud.DataLoader[Any]) -> list[tuple[str, str, Any]]:
+    """The sampler objects that decide the index order, outermost first: (attribute path,
+    key, object).
 
     Follows wrappers down (``.batch_sampler``, then ``.sampler``): accelerate's
     BatchSamplerShard holds its batch sampler as ``.batch_sampler``, torch's BatchSampler
-    its sampler as ``.sampler``.
+    its sampler as ``.sampler``. The key is the path with accelerate's dealing wrappers left
+    out (the object inside one takes its place): a state keys generators and sampler states
+    by it, so that a state saved on N processes (where accelerate wraps) finds them on one
+    (where it does not).
     """
     if loader._auto_collation:
         path, obj = "batch_sampler", loader.batch_sampler
     else:
         path, obj = "sampler", loader.sampler
-    out = [(path, obj)]
+    out = [(path, path, obj)]
     for _ in range(_MAX_DEPTH):
         for name in ("batch_sampler", "sampler"):
             inner = getattr(obj, name, None)
             if inner is not None and inner is not obj and hasattr(inner, "__iter__"):
+                key = out[-1][1]
+                key = key if qualname(obj) in _WRAPPERS else f"{key}.{name}"
                 path, obj = f"{path}.{name}", inner
-                out.append((path, obj))
+                out.append((path, key, obj))
                 break
         else:
             break
     return out
+
+
+def order_of(loader: tud.DataLoader[Any]) -> list[str]:
+    """The kinds of the samplers that decide the index order, outermost first, without
+    accelerate's dealing wrappers (what a state records, so that a loader with another
+    sampler (shuffle=True against False) is refused, `validate`)."""
+    if loader._dataset_kind == ITERABLE:
+        return []  # the sampler only counts items
+    return [qualname(obj) for _, _, obj in _chain(loader) if qualname(obj) not in _WRAPPERS]
 
 
 ITERATOR = ".__iter__"  # a sampler path + this: the state of that sampler's iterator
@@ -91,8 +112,8 @@ def not_replayable(loader: tud.DataLoader[Any], samplers: dict[str, Any]) -> str
     the saved sampler states of the epoch (a Stateful sampler iterator's among them)."""
     if loader._dataset_kind == ITERABLE:  # the sampler only counts items
         return None
-    for path, obj in _chain(loader):
-        if stateful(obj) or path + ITERATOR in samplers:
+    for path, key, obj in _chain(loader):
+        if stateful(obj) or key + ITERATOR in samplers:
             return None  # saved through its own state_dict (it covers what it wraps)
         if _replayable(obj):
             continue
@@ -140,22 +161,22 @@ def sampler_iterator(
     return created, ((path, created) if stateful(created) else None)
 
 
-def _generators(loader: tud.DataLoader[Any]) -> dict[str, torch.Generator]:
-    """Every generator the index order can draw from, by attribute path (deduplicated)."""
+def generators(loader: tud.DataLoader[Any]) -> dict[str, torch.Generator]:
+    """Every generator the index order can draw from, by key (`_chain`; deduplicated)."""
     found: dict[str, torch.Generator] = {}
     seen: set[int] = set()
     candidates = [("generator", loader.generator)]
-    candidates += [(f"{p}.generator", getattr(o, "generator", None)) for p, o in _chain(loader)]
-    for path, gen in candidates:
+    candidates += [(f"{k}.generator", getattr(o, "generator", None)) for _, k, o in _chain(loader)]
+    for key, gen in candidates:
         if isinstance(gen, torch.Generator) and id(gen) not in seen:
             seen.add(id(gen))
-            found[path] = gen
+            found[key] = gen
     return found
 
 
 def rng_states(loader: tud.DataLoader[Any]) -> dict[str, torch.Tensor]:
     """The states of the loader's generators and torch's global one, now."""
-    states = {path: gen.get_state() for path, gen in _generators(loader).items()}
+    states = {key: gen.get_state() for key, gen in generators(loader).items()}
     states[GLOBAL] = torch.get_rng_state()
     return states
 
@@ -165,27 +186,44 @@ def encode_rng(state: torch.Tensor) -> str:
     return base64.b64encode(state.numpy().tobytes()).decode("ascii")
 
 
-def _decode_rng(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+def decode_rng(text: str) -> torch.Tensor:
+    """`encode_rng`'s text as a generator state.
+
+    Raises:
+        binascii.Error: ``text`` is not base64.
+    """
+    return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
 
 
 def set_generators(
-    loader: tud.DataLoader[Any], states: dict[str, Any], *, include_global: bool
+    loader: tud.DataLoader[Any], states: dict[str, torch.Tensor], *, include_global: bool
 ) -> None:
     """Put the loader's generators (and, if asked, torch's global one) back to ``states``
-    (`encode_rng`'s text)."""
-    for path, gen in _generators(loader).items():
-        if path in states:
-            gen.set_state(_decode_rng(states[path]))
-    if include_global and GLOBAL in states:  # (absent: another rank's, see Checkpoints.load)
-        torch.set_rng_state(_decode_rng(states[GLOBAL]))
+    (checked by `validate`: one for each of the loader's generators)."""
+    for key, gen in generators(loader).items():
+        gen.set_state(states[key])
+    if include_global and GLOBAL in states:  # (absent: another rank's, see validate)
+        torch.set_rng_state(states[GLOBAL])
 
 
 def load_samplers(loader: tud.DataLoader[Any], samplers: dict[str, Any]) -> None:
     """Give the loader's Stateful samplers their saved states (`EpochStart.samplers`)."""
-    for path, obj in _chain(loader):
-        if path in samplers:
-            obj.load_state_dict(copy.deepcopy(samplers[path]))
+    for _, key, obj in _chain(loader):
+        if key in samplers:
+            obj.load_state_dict(copy.deepcopy(samplers[key]))
+
+
+def stateful_samplers(loader: tud.DataLoader[Any]) -> dict[str, Any]:
+    """The sampler whose own state a state holds (the outermost Stateful one), by key."""
+    for _, key, obj in _chain(loader):
+        if stateful(obj):
+            return {key: obj}
+    return {}
+
+
+def sampler_at(loader: tud.DataLoader[Any], key: str) -> Any:
+    """The sampler at ``key`` (`_chain`), or None."""
+    return next((obj for _, k, obj in _chain(loader) if k == key), None)
 
 
 @dataclass(slots=True)
@@ -210,7 +248,7 @@ def _epoch_holder(loader: tud.DataLoader[Any]) -> Any:
     """The sampler whose order follows from an epoch the training loop sets (`set_epoch`):
     the outermost in the chain with one, or None. A resume on another number of processes
     may find it at another depth (accelerate wraps it in a BatchSamplerShard)."""
-    for _, obj in _chain(loader):
+    for _, _, obj in _chain(loader):
         epoch = getattr(obj, "epoch", None)
         if callable(getattr(obj, "set_epoch", None)) and isinstance(epoch, int):
             return obj
@@ -222,11 +260,9 @@ def capture(
 ) -> EpochStart:
     """What decides the epoch that begins now (call before its sampler draws); ``held`` is
     `sampler_iterator`'s Stateful sampler iterator, if any."""
-    samplers = {}
-    for path, obj in _chain(loader):
-        if stateful(obj):
-            samplers[path] = copy.deepcopy(obj.state_dict())
-            break
+    samplers = {
+        key: copy.deepcopy(obj.state_dict()) for key, obj in stateful_samplers(loader).items()
+    }
     if held is not None:
         samplers[held[0] + ITERATOR] = copy.deepcopy(held[1].state_dict())
     holder = _epoch_holder(loader)
@@ -313,7 +349,7 @@ class Indices:
 
 
 def replay(
-    loader: tud.DataLoader[Any], index_sampler: Any, state: dict[str, Any], base_seed: int
+    loader: tud.DataLoader[Any], index_sampler: Any, resume: Resume, base_seed: int
 ) -> tuple[EpochStart, Indices, YieldedBatches]:
     """Re-create a saved epoch's index order, minus the batches it had yielded.
 
@@ -328,26 +364,36 @@ def replay(
     yielded yet.
     """
     caller_rng = torch.get_rng_state()
-    set_generators(loader, state["rng"], include_global=True)
-    load_samplers(loader, state["samplers"])
+    set_generators(loader, resume.rng, include_global=True)
+    load_samplers(loader, resume.samplers)
     holder = _epoch_holder(loader)
-    if state["distributed_epoch"] is not None and holder is not None:
-        holder.set_epoch(state["distributed_epoch"])
-    saved = state.get("sharding")
-    now = shards.of(loader, saved)
-    if saved is not None and now is not None and shards.elastic(saved, now):
-        first = shards.consumed(saved, state["batches_yielded"])
-        start = capture(loader, state["epoch"], base_seed, None)
-        start.sharding, start.redealt = shards.of(loader, saved, offset=first), True
-        indices = Indices(shards.rest_batches(loader, first, now, state["distributed_epoch"]))
+    if resume.distributed_epoch is not None and holder is not None:
+        holder.set_epoch(resume.distributed_epoch)
+    if resume.redeal:
+        assert resume.sharding is not None and resume.dealt is not None
+        first = shards.consumed(resume.sharding, resume.yielded.prefix)
+        start = capture(loader, resume.epoch, base_seed, None)
+        start.sharding, start.redealt = shards.of(loader, resume.sharding, offset=first), True
+        rest = shards.rest_batches(loader, first, resume.dealt, resume.distributed_epoch)
+        indices = Indices(rest)
         indices.prime()
         torch.set_rng_state(caller_rng)
         return start, indices, YieldedBatches()
     source, held = sampler_iterator(loader, index_sampler, iter(index_sampler))
-    if held is not None and held[0] + ITERATOR in state["samplers"]:
-        held[1].load_state_dict(copy.deepcopy(state["samplers"][held[0] + ITERATOR]))
-    start = capture(loader, state["epoch"], base_seed, held)
-    yielded = YieldedBatches(state["batches_yielded"], set(state["yielded_beyond"]))
+    saved = next((k for k in resume.samplers if k.endswith(ITERATOR)), None)
+    if saved is not None:
+        if held is None or held[0] + ITERATOR != saved:
+            torch.set_rng_state(caller_rng)
+            raise ValueError(
+                f"this loader state holds the state of the iterator of the loader's "
+                f"{saved[: -len(ITERATOR)]}, and that sampler's iterator here has no "
+                "load_state_dict().\nWhy: the rest of the saved epoch is that iterator's "
+                "position; without it the epoch would start over.\nFix: build the loader "
+                "with the sampler that saved the state."
+            )
+        held[1].load_state_dict(copy.deepcopy(resume.samplers[saved]))
+    start = capture(loader, resume.epoch, base_seed, held)
+    yielded = YieldedBatches(resume.yielded.prefix, set(resume.yielded.beyond))
     indices = Indices(source, skip=yielded)
     indices.prime()
     torch.set_rng_state(caller_rng)

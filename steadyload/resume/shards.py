@@ -47,6 +47,27 @@ def _distributed(loader: tud.DataLoader[Any]) -> Any:
     return index if isinstance(index, DistributedSampler) else None
 
 
+def world() -> dict[str, int]:
+    """This process's place in torch.distributed's default group (size 1, rank 0 without
+    one): a state records it, so that one loaded on another rank is noticed (`validate`)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return {"size": dist.get_world_size(), "rank": dist.get_rank()}
+    return {"size": 1, "rank": 0}
+
+
+def epoch_batches(sharding: dict[str, Any], n: int | None, drop_last: bool) -> int | None:
+    """The batches each rank had in an epoch dealt as ``sharding`` over ``n`` samples (a
+    DistributedSampler's; None when unknown): the bound of a state's batch count."""
+    per_batch = sharding["per_batch"]
+    if sharding["kind"] != DISTRIBUTED or n is None or per_batch is None:
+        return None
+    rest, replicas = max(n - sharding["offset"], 0), sharding["replicas"]
+    share = rest // replicas if sharding["order"]["drop_last"] else math.ceil(rest / replicas)
+    return share // per_batch if drop_last else math.ceil(share / per_batch)
+
+
 def describe(loader: tud.DataLoader[Any], offset: int = 0) -> dict[str, Any] | None:
     """How the loader's epoch is sharded over ranks (JSON-able), or None when it is not."""
     sampler, batches = _distributed(loader), loader.batch_sampler

@@ -226,7 +226,7 @@ def test_state_is_small_and_plain() -> None:
     for _ in range(1000):
         next(it)
     state = loader.state_dict()
-    assert state["version"] == 2 and state["batches_yielded"] == 1000
+    assert state["version"] == 3 and state["batches_yielded"] == 1000
     # Generator states (5 kB each) and a few numbers; no per-sample lists.
     assert len(pickle.dumps(state)) < 20_000
     assert _through_torch_save(state)["batches_yielded"] == 1000

@@ -1,0 +1,188 @@
+"""A loader state's fields: their types and ranges, checked whatever the loader
+(`validate.check` calls this first). One ValueError names the field, the value found and
+what was expected; nothing is applied before every check passed."""
+
+from __future__ import annotations
+
+import reprlib
+from collections.abc import Callable
+from typing import Any
+
+from .progress import fail
+from .shards import ACCELERATE, DISTRIBUTED
+
+STATE_FORMAT = "steadyload.DataLoader"
+STATE_VERSION = 3  # 3: the ranks that saved it ("world") and its sampler kinds ("order")
+_READS = (2, 3)  # 2: without those two (checked as far as they go, with a warning)
+
+_WHY = (
+    "a loader state is what DataLoader.state_dict() returned; this one was damaged or "
+    "edited, and resuming from it could repeat or skip samples."
+)
+_FIX = (
+    "load the state as state_dict() saved it (check the checkpoint file), or start the "
+    "epoch afresh without load_state_dict(). This loader was left unchanged."
+)
+_DISTRIBUTED_ORDER = {"seed": int, "shuffle": bool, "drop_last": bool}
+_ACCELERATE_ORDER = {"split_batches": bool, "even_batches": bool, "drop_last": bool}
+
+
+def short(value: Any) -> str:
+    """``value``'s repr, cut to a line."""
+    r = reprlib.Repr()
+    r.maxstring, r.maxother, r.maxlist, r.maxdict = 60, 60, 8, 6
+    return r.repr(value)
+
+
+def bad(field: str, found: str, expected: str) -> ValueError:
+    """The error for a field that is not what `state_dict` writes."""
+    return fail(f"this loader state's {field} {found}; expected {expected}.", _WHY, _FIX)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _at_least(low: int) -> Callable[[Any], bool]:
+    return lambda v: _int(v) and v >= low
+
+
+def _optional(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or ok(v)
+
+
+def _bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _get(state: dict[str, Any], key: str, ok: Callable[[Any], bool], expected: str) -> Any:
+    if key not in state:
+        raise bad(repr(key), "is missing", expected)
+    value = state[key]
+    if not ok(value):
+        raise bad(repr(key), f"is {short(value)}", expected)
+    return value
+
+
+def check_format(state: Any) -> None:
+    """``state`` is a steadyload loader state of a version this release reads."""
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise fail(
+            "load_state_dict() expects the dict that steadyload.DataLoader.state_dict() "
+            f"returned, got {type(state).__name__}"
+            + (f" with keys {list(state)[:8]}" if isinstance(state, dict) else "")
+            + ".",
+            "only a steadyload loader state says where its epoch stood.",
+            "pass loader.state_dict() as saved in your checkpoint.",
+        )
+    version = state.get("version")
+    if version not in _READS:
+        raise fail(
+            f"this loader state has version {short(version)}; this steadyload reads "
+            f"versions {', '.join(map(str, _READS))}.",
+            "the state was written by a different steadyload release.",
+            "resume with the steadyload version that saved it, or restart the epoch.",
+        )
+
+
+def check_fields(state: dict[str, Any]) -> None:
+    """Every field `state_dict` writes is there, of its type and in its range."""
+    _get(state, "epoch", _at_least(-1), "an int >= -1 (-1: saved before the first epoch)")
+    finished = _get(state, "finished", _bool, "True or False")
+    if not finished:
+        _get(state, "epoch", _at_least(0), "an int >= 0 for a state saved mid-epoch")
+    _get(state, "batches_yielded", _at_least(0), "an int >= 0")
+    _get(
+        state,
+        "yielded_beyond",
+        lambda v: isinstance(v, list) and all(_int(b) for b in v) and len(set(v)) == len(v),
+        "a list of distinct batch numbers",
+    )
+    seed = _get(
+        state,
+        "base_seed",
+        _optional(lambda v: _int(v) and 0 <= v < 2**64),
+        "None or an int from 0 to 2**64 - 1",
+    )
+    if seed is None and not finished:
+        raise bad("'base_seed'", "is None", "the epoch's base seed (an int) mid-epoch")
+    _get(
+        state,
+        "rng",
+        lambda v: (
+            isinstance(v, dict)
+            and all(isinstance(k, str) and isinstance(t, str) for k, t in v.items())
+        ),
+        "a dict of generator states as text, by generator",
+    )
+    _get(
+        state,
+        "samplers",
+        lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+        "a dict of sampler states by sampler",
+    )
+    _get(state, "distributed_epoch", _optional(_at_least(0)), "None or an int >= 0")
+    _get(state, "dataset_len", _optional(_at_least(0)), "None or an int >= 0")
+    _get(state, "batch_size", _optional(_at_least(1)), "None or an int >= 1")
+    _get(state, "drop_last", _bool, "True or False")
+    workers = _get(state, "num_workers", _at_least(0), "an int >= 0")
+    _get(state, "persistent", _bool, "True or False")
+    _check_sharding(_get(state, "sharding", _optional(_dict), "None or a dict"))
+    _check_positions(_get(state, "dataset_states", _optional(_dict), "None or a dict"), workers)
+    if state["version"] >= 3:
+        world = _get(state, "world", _dict, "a dict with the saving run's size and rank")
+        size = _get(world, "size", _at_least(1), "an int >= 1 (world size)")
+        _get(world, "rank", lambda v: _int(v) and 0 <= v < size, f"an int from 0 to {size - 1}")
+        _get(
+            state,
+            "order",
+            lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v),
+            "a list of sampler kinds",
+        )
+
+
+def _dict(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def _check_sharding(sharding: dict[str, Any] | None) -> None:
+    if sharding is None:
+        return
+    kinds = {DISTRIBUTED: _DISTRIBUTED_ORDER, ACCELERATE: _ACCELERATE_ORDER}
+    kind = _get(sharding, "kind", lambda v: v in kinds, f"one of {sorted(kinds)}")
+    replicas = _get(sharding, "replicas", _at_least(1), "an int >= 1")
+    _get(sharding, "rank", lambda v: _int(v) and 0 <= v < replicas, f"from 0 to {replicas - 1}")
+    _get(sharding, "offset", _at_least(0), "an int >= 0")
+    _get(sharding, "per_batch", _optional(_at_least(1)), "None or an int >= 1")
+    _get(sharding, "exact", _bool, "True or False")
+    order = _get(sharding, "order", _dict, "a dict of the sampler's arguments")
+    for key, kind_of in kinds[kind].items():
+        _get(
+            order,
+            key,
+            lambda v, t=kind_of: isinstance(v, t) and (t is bool or not isinstance(v, bool)),
+            f"a {kind_of.__name__} (sharding order)",
+        )
+
+
+def _check_positions(saved: dict[str, Any] | None, workers: int) -> None:
+    if saved is None:
+        return
+    n = max(workers, 1)
+    entries = _get(
+        saved,
+        "workers",
+        lambda v: isinstance(v, list) and len(v) == n,
+        f"a list of {n} positions (one per worker, num_workers={workers})",
+    )
+    for i, entry in enumerate(entries):
+        if entry is not None and not (
+            isinstance(entry, dict) and "dataset" in entry and "iterator" in entry
+        ):
+            raise bad(
+                f"dataset_states['workers'][{i}]",
+                f"is {short(entry)}",
+                "None or a dict with the dataset's and its iterator's states",
+            )
+    _get(saved, "last_worker", _optional(lambda v: _int(v) and 0 <= v < n), f"None or 0..{n - 1}")
+    _get(saved, "next_epoch", _bool, "True or False")
