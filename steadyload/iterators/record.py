@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..report import LoaderReport, RestartReport, SkippedSample, StreamCut, WorkerReport
@@ -179,12 +179,78 @@ def not_started(info: Any, auto: Any) -> LoaderReport:
     )
 
 
+@dataclass
+class _Totals:
+    """What ``report(all_epochs=True)`` adds up over epochs: sums, each worker's samples and
+    the events. Kept instead of each epoch's report, whose workers carry the USS at every
+    epoch so far: a history of those reports grew with the square of the epochs."""
+
+    epochs: int = 0
+    batches: int = 0
+    wait_s: float = 0.0
+    loop_s: float = 0.0
+    rows_lost: int | None = None
+    samples: dict[int, int] = field(default_factory=dict)  # worker -> samples, all epochs
+    restarts: list[RestartReport] = field(default_factory=list)
+    skipped: list[SkippedSample] = field(default_factory=list)
+    streams_cut: list[StreamCut] = field(default_factory=list)
+    scaling: list[Any] = field(default_factory=list)
+
+    def add(self, part: LoaderReport) -> None:
+        """Count one more epoch, ``part``."""
+        self.epochs += 1
+        self.batches += part.batches
+        self.wait_s += part.wait_s
+        self.loop_s += part.loop_s
+        if part.rows_lost is not None:
+            self.rows_lost = (self.rows_lost or 0) + part.rows_lost
+        for w in part.workers:
+            self.samples[w.worker_id] = self.samples.get(w.worker_id, 0) + w.samples
+        self.restarts += part.restarts
+        self.skipped += part.skipped
+        self.streams_cut += part.streams_cut
+        self.scaling += part.scaling
+
+    def plus(self, part: LoaderReport) -> _Totals:
+        """These totals and ``part`` (an epoch still running), leaving these as they are."""
+        out = replace(
+            self,
+            samples=dict(self.samples),
+            restarts=list(self.restarts),
+            skipped=list(self.skipped),
+            streams_cut=list(self.streams_cut),
+            scaling=list(self.scaling),
+        )
+        out.add(part)
+        return out
+
+    def over(self, last: LoaderReport) -> LoaderReport:
+        """``last`` (the latest epoch's report: its workers and choices) with these totals."""
+        return replace(
+            last,
+            workers=tuple(replace(w, samples=self.samples[w.worker_id]) for w in last.workers),
+            restarts=tuple(self.restarts),
+            skipped=tuple(self.skipped),
+            streams_cut=tuple(self.streams_cut),
+            scaling=tuple(self.scaling),
+            rows_lost=self.rows_lost,
+            batches=self.batches,
+            wait_s=self.wait_s,
+            loop_s=self.loop_s,
+            data_stall_share=self.wait_s / self.loop_s if self.loop_s > 0 else None,
+            epochs=self.epochs,
+        )
+
+
 class History:
     """Every epoch a loader ran, closed as the next one begins; for ``report(all_epochs=True)``.
-    A twin a framework builds from the loader (`DataLoader.from_loader`) shares it."""
+    A twin a framework builds from the loader (`DataLoader.from_loader`) shares it. Its size
+    grows with the events (restarts, skipped samples, cut streams, scaling), not the epochs:
+    closed epochs are running totals, and only the latest is kept whole."""
 
     def __init__(self) -> None:
-        self.epochs: list[LoaderReport] = []
+        self.closed = _Totals()  # every closed epoch that did anything
+        self.latest: LoaderReport | None = None  # the latest of them, whole
         self._current: RunRecord | None = None
 
     def follow(self, record: RunRecord) -> None:
@@ -196,7 +262,8 @@ class History:
     def close(self, record: RunRecord) -> None:
         """Keep ``record``'s epoch (when it did anything) and clear it for the next one."""
         if record.eventful:
-            self.epochs.append(record.to_report())
+            self.latest = record.to_report()
+            self.closed.add(self.latest)
         record._clear_epoch()
 
     def report(self, all_epochs: bool) -> LoaderReport | None:
@@ -205,30 +272,8 @@ class History:
         current = self._current
         if not all_epochs:
             return current.to_report() if current is not None else None
-        parts = list(self.epochs)
-        if current is not None and (current.eventful or not parts):
-            parts.append(current.to_report())
-        if not parts:
-            return None
-        last = parts[-1]
-        samples: dict[int, int] = {}
-        for part in parts:
-            for w in part.workers:
-                samples[w.worker_id] = samples.get(w.worker_id, 0) + w.samples
-        wait_s = sum(p.wait_s for p in parts)
-        loop_s = sum(p.loop_s for p in parts)
-        lost = [p.rows_lost for p in parts if p.rows_lost is not None]
-        return replace(
-            last,
-            workers=tuple(replace(w, samples=samples[w.worker_id]) for w in last.workers),
-            restarts=tuple(r for p in parts for r in p.restarts),
-            skipped=tuple(k for p in parts for k in p.skipped),
-            streams_cut=tuple(c for p in parts for c in p.streams_cut),
-            scaling=tuple(d for p in parts for d in p.scaling),
-            rows_lost=sum(lost) if lost else None,
-            batches=sum(p.batches for p in parts),
-            wait_s=wait_s,
-            loop_s=loop_s,
-            data_stall_share=wait_s / loop_s if loop_s > 0 else None,
-            epochs=len(parts),
-        )
+        totals, last = self.closed, self.latest
+        if current is not None and (current.eventful or last is None):
+            last = current.to_report()
+            totals = totals.plus(last)
+        return totals.over(last) if last is not None else None
