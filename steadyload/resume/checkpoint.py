@@ -46,6 +46,7 @@ from .progress import EpochProgress, fail, persistent, replica_positions, saved_
 from .validate import REPLAY_WHY_FIX, STATE_FORMAT, STATE_VERSION, Resume, check, dataset_len
 
 _LOG = logging.getLogger(__name__)
+_NONE: frozenset[int] = frozenset()
 
 
 class Mark(NamedTuple):
@@ -78,7 +79,7 @@ class Checkpoints:
         self.epoch = -1
         self._start: EpochStart | None = None
         self._pending: Resume | None = None  # loaded and checked, waiting for the next epoch
-        self._frame: tuple[EpochStart, dict[str, Any]] | None = None  # (`_constant`)
+        self._frame: tuple[EpochStart, dict[str, Any], str | None] | None = None  # `_constant`
         self._skip = 0  # batches the next epoch starts after (skip_next_epoch)
         self._caller_rng: tuple[torch.Generator | None, torch.Tensor] | None = None
         self._current: EpochProgress | None = None  # the latest epoch, even once its
@@ -257,7 +258,7 @@ class Checkpoints:
             self.epoch,
             False,
             yielded.prefix,
-            frozenset(yielded.beyond),
+            frozenset(yielded.beyond) if yielded.beyond else _NONE,
             start,
             None,
             positions,
@@ -277,8 +278,7 @@ class Checkpoints:
             return copy.deepcopy(at.pending.state)  # loaded but not yet iterated: unchanged
         start = at.start
         assert start is not None  # (a mark without a loaded state has one)
-        frame = self._constant(loader, start)
-        reason = frame["_not_replayable"]
+        frame, reason = self._constant(loader, start)
         if at.finished:  # between epochs: whether the last epoch's sampler can be replayed
             known = self._start
             reason = not_replayable(loader, known.samplers if known is not None else {})
@@ -289,8 +289,8 @@ class Checkpoints:
             )
         if at.unsaveable is not None:
             raise ValueError(at.unsaveable)  # a fresh error each time: no growing traceback
-        state = {k: v for k, v in frame.items() if k[0] != "_"}
-        state["rng"] = dict(frame["rng"])  # (the values are text: immutable)
+        state = frame.copy()
+        state["rng"] = frame["rng"].copy()  # (the values are text: immutable)
         if frame["samplers"]:
             state["samplers"] = copy.deepcopy(frame["samplers"])
         else:
@@ -311,11 +311,13 @@ class Checkpoints:
         )
         return state
 
-    def _constant(self, loader: tud.DataLoader[Any], start: EpochStart) -> dict[str, Any]:
+    def _constant(
+        self, loader: tud.DataLoader[Any], start: EpochStart
+    ) -> tuple[dict[str, Any], str | None]:
         """The part of a state that ``start``'s epoch does not change (kept for the epoch in
-        progress); keys starting with ``_`` are not part of the state."""
+        progress), and why its sampler cannot be replayed (None: it can)."""
         if self._frame is not None and self._frame[0] is start:
-            return self._frame[1]
+            return self._frame[1], self._frame[2]
         frame = {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -329,11 +331,11 @@ class Checkpoints:
             "persistent": persistent(loader),
             "world": shards.world(),
             "order": order_of(loader),
-            "_not_replayable": not_replayable(loader, start.samplers),
         }
+        reason = not_replayable(loader, start.samplers)
         if start is self._start:
-            self._frame = (start, frame)
-        return frame
+            self._frame = (start, frame, reason)
+        return frame, reason
 
     def load(self, loader: tud.DataLoader[Any], state: Any) -> None:
         """`DataLoader.load_state_dict`: check ``state`` whole (`validate.check`); only then

@@ -96,8 +96,8 @@ def check(loader: tud.DataLoader[Any], state: Any) -> Resume:
     refused = shards.refusal(state, dealt)
     if refused is not None:
         raise fail(*refused)
+    _check_order(loader, state, dealt)  # (first: another sampler is the plainer cause)
     _check_world(loader, state, dealt)
-    _check_order(loader, state, dealt)
     reason = not_replayable(loader, state["samplers"])
     if reason is not None and not state["finished"]:
         raise fail(
