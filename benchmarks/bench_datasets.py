@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 
 class Trivial(Dataset[Any]):
@@ -19,6 +19,28 @@ class Trivial(Dataset[Any]):
 
     def __getitem__(self, i: int) -> Any:
         return torch.full((self.dim,), float(i)), i
+
+
+class StatefulStream(IterableDataset[Any]):
+    """`Trivial`'s samples as a stream, sharded over the workers (worker w takes samples w,
+    w + W, ...), with torchdata's Stateful protocol: ``state_dict()`` is how many samples
+    this replica has yielded, ``load_state_dict`` goes on from there."""
+
+    def __init__(self, n: int, dim: int = 16) -> None:
+        self.n, self.dim, self.i = n, dim, 0
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        while (k := worker + self.i * workers) < self.n:
+            self.i += 1
+            yield torch.full((self.dim,), float(k)), k
+
+    def state_dict(self) -> dict[str, int]:
+        return {"i": self.i}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.i = state["i"]
 
 
 def _spin(iterations: int) -> int:

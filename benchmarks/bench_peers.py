@@ -33,15 +33,11 @@ import subprocess
 import sys
 import threading
 import time
-import venv
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-PEERS_VENV = ROOT / ".venv-peers"
-PEERS = ["torchdata==0.11.0", "spdl==0.8.0", "grain==0.2.18"]
-BASE = ["numpy==2.4.6", "psutil==7.2.2", "cloudpickle==3.1.3", "pillow==13.0.0"]
+from peers_env import ROOT, child_pythonpath, in_peers_env, reexec_in_peers_env
+
 OUT = ROOT / "bench-out"
 
 LOADERS = [
@@ -53,31 +49,10 @@ WORKLOADS = {  # name: (batch size, batches, quick batches): auto's hand-over to
     "jpeg": (32, 120, 8), "python": (16, 800, 8), "tiny": (64, 10000, 100), "big": (32, 300, 12),
 }
 
-
-# -- the environment ----------------------------------------------------------------------
-def _in_peers_env() -> bool:
-    try:
-        import grain  # noqa: F401
-        import spdl.dataloader  # noqa: F401
-        import torchdata.nodes  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _reexec_in_peers_env() -> None:
-    py = PEERS_VENV / "bin" / "python"
-    if not py.exists():
-        print(f"creating the bench-only environment {PEERS_VENV}", flush=True)
-        venv.EnvBuilder(with_pip=True).create(PEERS_VENV)
-        pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        subprocess.run([*pip, "torch==2.13.0"], check=True)  # first and alone: the CPU build
-        subprocess.run([*pip, "torch==2.13.0", *BASE, *PEERS], check=True)
-    os.execv(str(py), [str(py), __file__, *sys.argv[1:]])
-
-
-if __name__ == "__main__" and "--child" not in sys.argv and not _in_peers_env():
-    _reexec_in_peers_env()  # before torch is imported: python3 alone may not have it
+# The environment (benchmarks/peers_env.py): before torch is imported, python3 alone may
+# not have it.
+if __name__ == "__main__" and "--child" not in sys.argv and not in_peers_env():
+    reexec_in_peers_env(__file__)
 
 # -- datasets (module level: picklable by reference for process workers) -----------------
 import numpy as np  # noqa: E402
@@ -315,7 +290,7 @@ def _run_child(workload: str, kind: str, batches: int) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, __file__, "--child", workload, kind, str(batches)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}:{HERE}"},
+        env={**os.environ, "PYTHONPATH": child_pythonpath()},
     )
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1][:120]}

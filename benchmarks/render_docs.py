@@ -647,6 +647,57 @@ def remote(data: dict[str, Any]) -> Section:
     return lines, []
 
 
+STATE_DICT_WORKLOADS = {
+    "map": "map-style, `shuffle=True`, `generator=`, 0 workers",
+    "map-w2": "map-style, `shuffle=True`, `generator=`, 2 workers",
+    "stream-w2": "Stateful IterableDataset, 2 workers",
+    "dist-w2": "DistributedSampler (2 replicas, rank 0), 2 workers",
+}
+STATE_DICT_MEASURES = {
+    "after_next": "`state_dict()` after a `next()`",
+    "repeated": "`state_dict()` again, same position",
+    "next": "`next()` itself",
+}
+
+
+def state_dict(data: dict[str, Any]) -> Section:
+    summary, results = data["summary"], data["results"]
+    rows = []
+    for w, by_measure in summary.items():
+        for m, label in STATE_DICT_MEASURES.items():
+            r = by_measure[m]
+            rows.append([STATE_DICT_WORKLOADS.get(w, w), label, f"{r['steadyload']:.2f}",
+                         f"{r['torchdata']:.2f}", f"{r['ratio']:.2f}x"])
+        sizes = results[w]
+        rows.append([STATE_DICT_WORKLOADS.get(w, w), "the state, pickled (bytes)",
+                     f"{sizes['steadyload']['state_bytes']:,}",
+                     f"{sizes['torchdata']['state_bytes']:,}", "-"])
+    load = data.get("load_average")
+    torchdata = f"torchdata {data['torchdata']}" if data.get("torchdata") else "torchdata"
+    batch, calls, rounds = data["batch_size"], data["calls"], data["rounds"]
+    timer = data["timer_ns"]
+    lines = [
+        "## state_dict() per call against torchdata",
+        "",
+        "What saving the loader's position at every training step costs: `loader.state_dict()`",
+        f"mid-epoch, steadyload against torchdata's `StatefulDataLoader` ({torchdata}, in the",
+        f"bench-only `.venv-peers`), the same workloads in one process, batch {batch}. Each",
+        f"round times {calls:,} calls of each loader in turn (the order alternating), {rounds}",
+        f"rounds; every call is timed on its own (`perf_counter_ns`, {timer:.0f} ns of it",
+        "included). \"After a `next()`\" is the save of a loop that saves every step (a new",
+        "position each time); \"again\" calls it repeatedly at one position; `next()` is there",
+        "for scale. Medians, in µs per call; the ratio is steadyload / torchdata (above 1:",
+        "steadyload costs more)."
+        + (f" Load average (1 min): {load[0]:.2f} before, {load[1]:.2f} after." if load else ""),
+        "",
+        *_provenance(data),
+        *_table(["workload", "measure", "steadyload µs", "torchdata µs",
+                 "steadyload / torchdata"], rows),
+        *_notes(data),
+    ]
+    return lines, []
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], Section]] = {
     "foundation": foundation,
     "peers": peers,
@@ -659,6 +710,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], Section]] = {
     "auto_choice": auto_choice,
     "auto_choice_hog": auto_choice,
     "remote": remote,
+    "state_dict": state_dict,
 }
 
 HEADER = [
