@@ -29,6 +29,7 @@ import torch.utils.data as tud
 from ..engine.remote.spec import all_workers
 from ..engine.worker.fetch import ITERABLE, restore_replica
 from . import shards
+from .apply import replay
 from .epoch_order import (
     EpochStart,
     Indices,
@@ -38,7 +39,6 @@ from .epoch_order import (
     load_samplers,
     not_replayable,
     order_of,
-    replay,
     sampler_iterator,
     set_generators,
 )

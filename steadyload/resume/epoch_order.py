@@ -3,11 +3,10 @@
 An epoch's batches follow from the random generators its sampler draws from, as they were
 when the epoch began (plus a stateful sampler's own state, or that of the iterator it
 returns, reached through `sampler_iterator`, and a DistributedSampler's epoch). `capture`
-records those; `replay` sets them back and re-creates the sampler's
-iterator, skipping the index batches already yielded: microseconds per batch, because no
-data is loaded. `Indices` numbers what the sampler yields, so that the iterators can say
-which batches were yielded (`YieldedBatches`). Used by `checkpoint.py`
-(docs/design/resume.md).
+records those; `apply.replay` sets them back and re-creates the sampler's iterator,
+skipping the index batches already yielded: microseconds per batch, because no data is
+loaded. `Indices` numbers what the sampler yields, so that the iterators can say which
+batches were yielded (`YieldedBatches`). Used by `checkpoint.py` (docs/design/resume.md).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import base64
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.utils.data as tud
@@ -25,9 +24,6 @@ from torch.utils.data.distributed import DistributedSampler
 from ..engine.worker.fetch import ITERABLE, stateful
 from . import shards
 from .shards import qualname
-
-if TYPE_CHECKING:
-    from .validate import Resume
 
 GLOBAL = "torch.global"  # key of torch's default CPU generator in the saved RNG states
 
@@ -201,7 +197,8 @@ def set_generators(
     """Put the loader's generators (and, if asked, torch's global one) back to ``states``
     (checked by `validate`: one for each of the loader's generators)."""
     for key, gen in generators(loader).items():
-        gen.set_state(states[key])
+        if key in states:  # (`validate` checked that every one the order draws from is)
+            gen.set_state(states[key])
     if include_global and GLOBAL in states:  # (absent: another rank's, see validate)
         torch.set_rng_state(states[GLOBAL])
 
@@ -211,6 +208,14 @@ def load_samplers(loader: tud.DataLoader[Any], samplers: dict[str, Any]) -> None
     for _, key, obj in _chain(loader):
         if key in samplers:
             obj.load_state_dict(copy.deepcopy(samplers[key]))
+
+
+def reseeded(loader: tud.DataLoader[Any], key: str) -> bool:
+    """Whether the generator at ``key`` belongs to a sampler that seeds it anew each epoch
+    (accelerate's SeedableRandomSampler: made at its first ``__iter__``): its state decides
+    nothing, so a state need not hold it."""
+    owner = sampler_at(loader, key.removesuffix(".generator"))
+    return owner is not None and qualname(owner) in _KNOWN_WRAPPERS
 
 
 def stateful_samplers(loader: tud.DataLoader[Any]) -> dict[str, Any]:
@@ -244,7 +249,7 @@ class EpochStart:
     """The rest of an epoch saved on another number of ranks, dealt again (`shards`)."""
 
 
-def _epoch_holder(loader: tud.DataLoader[Any]) -> Any:
+def epoch_holder(loader: tud.DataLoader[Any]) -> Any:
     """The sampler whose order follows from an epoch the training loop sets (`set_epoch`):
     the outermost in the chain with one, or None. A resume on another number of processes
     may find it at another depth (accelerate wraps it in a BatchSamplerShard)."""
@@ -265,7 +270,7 @@ def capture(
     }
     if held is not None:
         samplers[held[0] + ITERATOR] = copy.deepcopy(held[1].state_dict())
-    holder = _epoch_holder(loader)
+    holder = epoch_holder(loader)
     return EpochStart(
         epoch=epoch,
         base_seed=base_seed,
@@ -346,55 +351,3 @@ class Indices:
             self._source = iter(())
             return
         self._primed.append((self.ordinal, item))
-
-
-def replay(
-    loader: tud.DataLoader[Any], index_sampler: Any, resume: Resume, base_seed: int
-) -> tuple[EpochStart, Indices, YieldedBatches]:
-    """Re-create a saved epoch's index order, minus the batches it had yielded.
-
-    Sets the loader's generators (and samplers) back to the saved epoch start, captures
-    that start again (so that saving later in this epoch works), draws the sampler's first
-    item while torch's global generator holds the saved state (a RandomSampler without
-    ``generator`` draws its permutation then), and gives the caller's global state back.
-    Returns the epoch start, the indices to load and what was yielded.
-
-    Saved on another number of ranks (or in an epoch that was re-dealt so), the rest of the
-    epoch is dealt again to this loader's ranks (`shards`): a new dealing, none of it
-    yielded yet.
-    """
-    caller_rng = torch.get_rng_state()
-    set_generators(loader, resume.rng, include_global=True)
-    load_samplers(loader, resume.samplers)
-    holder = _epoch_holder(loader)
-    if resume.distributed_epoch is not None and holder is not None:
-        holder.set_epoch(resume.distributed_epoch)
-    if resume.redeal:
-        assert resume.sharding is not None and resume.dealt is not None
-        first = shards.consumed(resume.sharding, resume.yielded.prefix)
-        start = capture(loader, resume.epoch, base_seed, None)
-        start.sharding, start.redealt = shards.of(loader, resume.sharding, offset=first), True
-        rest = shards.rest_batches(loader, first, resume.dealt, resume.distributed_epoch)
-        indices = Indices(rest)
-        indices.prime()
-        torch.set_rng_state(caller_rng)
-        return start, indices, YieldedBatches()
-    source, held = sampler_iterator(loader, index_sampler, iter(index_sampler))
-    saved = next((k for k in resume.samplers if k.endswith(ITERATOR)), None)
-    if saved is not None:
-        if held is None or held[0] + ITERATOR != saved:
-            torch.set_rng_state(caller_rng)
-            raise ValueError(
-                f"this loader state holds the state of the iterator of the loader's "
-                f"{saved[: -len(ITERATOR)]}, and that sampler's iterator here has no "
-                "load_state_dict().\nWhy: the rest of the saved epoch is that iterator's "
-                "position; without it the epoch would start over.\nFix: build the loader "
-                "with the sampler that saved the state."
-            )
-        held[1].load_state_dict(copy.deepcopy(resume.samplers[saved]))
-    start = capture(loader, resume.epoch, base_seed, held)
-    yielded = YieldedBatches(resume.yielded.prefix, set(resume.yielded.beyond))
-    indices = Indices(source, skip=yielded)
-    indices.prime()
-    torch.set_rng_state(caller_rng)
-    return start, indices, YieldedBatches(yielded.prefix, set(yielded.beyond))

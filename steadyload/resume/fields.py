@@ -23,8 +23,10 @@ _FIX = (
     "load the state as state_dict() saved it (check the checkpoint file), or start the "
     "epoch afresh without load_state_dict(). This loader was left unchanged."
 )
-_DISTRIBUTED_ORDER = {"seed": int, "shuffle": bool, "drop_last": bool}
-_ACCELERATE_ORDER = {"split_batches": bool, "even_batches": bool, "drop_last": bool}
+_ORDER: dict[str, dict[str, type]] = {  # a sharding's order arguments, by kind
+    DISTRIBUTED: {"seed": int, "shuffle": bool, "drop_last": bool},
+    ACCELERATE: {"split_batches": bool, "even_batches": bool, "drop_last": bool},
+}
 
 
 def short(value: Any) -> str:
@@ -148,21 +150,15 @@ def _dict(v: Any) -> bool:
 def _check_sharding(sharding: dict[str, Any] | None) -> None:
     if sharding is None:
         return
-    kinds = {DISTRIBUTED: _DISTRIBUTED_ORDER, ACCELERATE: _ACCELERATE_ORDER}
-    kind = _get(sharding, "kind", lambda v: v in kinds, f"one of {sorted(kinds)}")
+    kind = _get(sharding, "kind", lambda v: v in _ORDER, f"one of {sorted(_ORDER)}")
     replicas = _get(sharding, "replicas", _at_least(1), "an int >= 1")
     _get(sharding, "rank", lambda v: _int(v) and 0 <= v < replicas, f"from 0 to {replicas - 1}")
     _get(sharding, "offset", _at_least(0), "an int >= 0")
     _get(sharding, "per_batch", _optional(_at_least(1)), "None or an int >= 1")
     _get(sharding, "exact", _bool, "True or False")
     order = _get(sharding, "order", _dict, "a dict of the sampler's arguments")
-    for key, kind_of in kinds[kind].items():
-        _get(
-            order,
-            key,
-            lambda v, t=kind_of: isinstance(v, t) and (t is bool or not isinstance(v, bool)),
-            f"a {kind_of.__name__} (sharding order)",
-        )
+    for key, kind_of in _ORDER[kind].items():
+        _get(order, key, _bool if kind_of is bool else _int, f"a {kind_of.__name__}")
 
 
 def _check_positions(saved: dict[str, Any] | None, workers: int) -> None:

@@ -30,6 +30,7 @@ from .epoch_order import (
     generators,
     not_replayable,
     order_of,
+    reseeded,
     sampler_at,
     stateful_samplers,
 )
@@ -274,8 +275,8 @@ def _check_order(
             ),
             "build the loader with the sampler (and shuffle=) the saving run had.",
         )
-    keys = set(generators(loader))
-    saved_keys = set(state["rng"]) - {GLOBAL}
+    keys = {k for k in generators(loader) if not reseeded(loader, k)}
+    saved_keys = {k for k in state["rng"] if k != GLOBAL and not reseeded(loader, k)}
     if keys != saved_keys:
         missing, extra = sorted(keys - saved_keys), sorted(saved_keys - keys)
         raise fail(
