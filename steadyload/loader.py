@@ -268,7 +268,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._report_every, self._auto = other._report_every, other._auto
         self._history = other._history
         self._plans.choice = other._plans.choice
-        self._checkpoints = other._checkpoints.for_twin()
+        self._checkpoints = other._checkpoints.for_twin(self)
 
     def _checked_options(self) -> LoaderOptions:
         """The steadyload options as the public attributes hold them now, checked."""

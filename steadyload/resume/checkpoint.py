@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -186,12 +187,20 @@ class Checkpoints:
                 torch.set_rng_state(state)
             self._caller_rng = None
 
-    def for_twin(self) -> Checkpoints:
-        """The run's position for a loader that replaces this one (`DataLoader.from_loader`):
-        the epoch count, a loaded state not yet used, a requested skip."""
+    def for_twin(self, loader: tud.DataLoader[Any]) -> Checkpoints:
+        """The run's position for ``loader``, which replaces this one's (`DataLoader.from_loader`):
+        the epoch count, a requested skip, and a loaded state not yet used, checked again
+        against ``loader`` (a framework's twin may deal to ranks otherwise: its sharding
+        decides how the state resumes)."""
         twin = Checkpoints()
         twin.epoch, twin._skip = self.epoch, self._skip
-        twin._pending = copy.deepcopy(self._pending)
+        pending = self._pending
+        if pending is not None:
+            with warnings.catch_warnings():  # said when the state was loaded
+                warnings.simplefilter("ignore")
+                twin._pending = check(loader, pending.state)
+            if pending.dataset_states is None:  # restored in-process already
+                twin._pending.dataset_states = None
         return twin
 
     # -- called by the loader and the integrations ----------------------------------------
