@@ -1,6 +1,7 @@
-"""Mid-epoch checkpoint and resume: what `DataLoader.state_dict` saves and
-`load_state_dict` restores (the state's format and its validation are `state_check.py`, the
-base seed is here); the per-epoch bookkeeping the iterators keep for it is `progress.py`.
+"""Mid-epoch checkpoint and resume: what `DataLoader.state_dict` saves (capture, here) and
+`load_state_dict` restores (the state checked whole by `validate.check`, then applied as the
+next epoch begins: `apply.replay`, and the base seed here); the per-epoch bookkeeping the
+iterators keep for it is `progress.py`.
 
 What decides an epoch's batches is small (`epoch_order.py`): the random generators the
 sampler draws from, as they were when the epoch began, and how many batches were yielded

@@ -57,12 +57,16 @@ def _bool(v: Any) -> bool:
     return isinstance(v, bool)
 
 
-def _get(state: dict[str, Any], key: str, ok: Callable[[Any], bool], expected: str) -> Any:
+def _get(
+    state: dict[str, Any], key: str, ok: Callable[[Any], bool], expected: str, within: str = ""
+) -> Any:
+    """``state[key]`` if ``ok``; ``within`` names the field ``state`` is (nested fields)."""
+    name = f"{within}[{key!r}]" if within else repr(key)
     if key not in state:
-        raise bad(repr(key), "is missing", expected)
+        raise bad(name, "is missing", expected)
     value = state[key]
     if not ok(value):
-        raise bad(repr(key), f"is {short(value)}", expected)
+        raise bad(name, f"is {short(value)}", expected)
     return value
 
 
@@ -133,8 +137,8 @@ def check_fields(state: dict[str, Any]) -> None:
     _check_positions(_get(state, "dataset_states", _optional(_dict), "None or a dict"), workers)
     if state["version"] >= 3:
         world = _get(state, "world", _dict, "a dict with the saving run's size and rank")
-        size = _get(world, "size", _at_least(1), "an int >= 1 (world size)")
-        _get(world, "rank", lambda v: _int(v) and 0 <= v < size, f"an int from 0 to {size - 1}")
+        size = _get(world, "size", _at_least(1), "an int >= 1", "world")
+        _get(world, "rank", lambda v: _int(v) and 0 <= v < size, f"0 to {size - 1}", "world")
         _get(
             state,
             "order",
@@ -150,15 +154,27 @@ def _dict(v: Any) -> bool:
 def _check_sharding(sharding: dict[str, Any] | None) -> None:
     if sharding is None:
         return
-    kind = _get(sharding, "kind", lambda v: v in _ORDER, f"one of {sorted(_ORDER)}")
-    replicas = _get(sharding, "replicas", _at_least(1), "an int >= 1")
-    _get(sharding, "rank", lambda v: _int(v) and 0 <= v < replicas, f"from 0 to {replicas - 1}")
-    _get(sharding, "offset", _at_least(0), "an int >= 0")
-    _get(sharding, "per_batch", _optional(_at_least(1)), "None or an int >= 1")
-    _get(sharding, "exact", _bool, "True or False")
-    order = _get(sharding, "order", _dict, "a dict of the sampler's arguments")
+    kind = _get(sharding, "kind", lambda v: v in _ORDER, f"one of {sorted(_ORDER)}", "sharding")
+    replicas = _get(sharding, "replicas", _at_least(1), "an int >= 1", "sharding")
+    _get(
+        sharding,
+        "rank",
+        lambda v: _int(v) and 0 <= v < replicas,
+        f"from 0 to {replicas - 1}",
+        "sharding",
+    )
+    _get(sharding, "offset", _at_least(0), "an int >= 0", "sharding")
+    _get(sharding, "per_batch", _optional(_at_least(1)), "None or an int >= 1", "sharding")
+    _get(sharding, "exact", _bool, "True or False", "sharding")
+    order = _get(sharding, "order", _dict, "a dict of the sampler's arguments", "sharding")
     for key, kind_of in _ORDER[kind].items():
-        _get(order, key, _bool if kind_of is bool else _int, f"a {kind_of.__name__}")
+        _get(
+            order,
+            key,
+            _bool if kind_of is bool else _int,
+            f"a {kind_of.__name__}",
+            "sharding['order']",
+        )
 
 
 def _check_positions(saved: dict[str, Any] | None, workers: int) -> None:
@@ -170,6 +186,7 @@ def _check_positions(saved: dict[str, Any] | None, workers: int) -> None:
         "workers",
         lambda v: isinstance(v, list) and len(v) == n,
         f"a list of {n} positions (one per worker, num_workers={workers})",
+        "dataset_states",
     )
     for i, entry in enumerate(entries):
         if entry is not None and not (
@@ -180,5 +197,6 @@ def _check_positions(saved: dict[str, Any] | None, workers: int) -> None:
                 f"is {short(entry)}",
                 "None or a dict with the dataset's and its iterator's states",
             )
-    _get(saved, "last_worker", _optional(lambda v: _int(v) and 0 <= v < n), f"None or 0..{n - 1}")
-    _get(saved, "next_epoch", _bool, "True or False")
+    last = _optional(lambda v: _int(v) and 0 <= v < n)
+    _get(saved, "last_worker", last, f"None or 0 to {n - 1}", "dataset_states")
+    _get(saved, "next_epoch", _bool, "True or False", "dataset_states")

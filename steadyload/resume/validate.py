@@ -97,7 +97,7 @@ def check(loader: tud.DataLoader[Any], state: Any) -> Resume:
     refused = shards.refusal(state, dealt)
     if refused is not None:
         raise fail(*refused)
-    _check_order(loader, state, dealt)  # (first: another sampler is the plainer cause)
+    _check_order(loader, state)  # (first: another sampler is the plainer cause)
     _check_world(loader, state, dealt)
     reason = not_replayable(loader, state["samplers"])
     if reason is not None and not state["finished"]:
@@ -240,7 +240,7 @@ def _check_world(
         f"this loader state was saved on {where} and is loaded on {here}; steadyload cannot "
         f"deal {what} to other ranks.",
         (
-            f"a state says where one rank stood. steadyload deals the rest of an epoch again "
+            "a state says where one rank stood. steadyload deals the rest of an epoch again "
             "only for torch's DistributedSampler and accelerate's sharding, whose order it "
             f"knows; anything else in the state is {where}'s own, and on this rank it would "
             "repeat that rank's samples and skip this rank's."
@@ -254,9 +254,7 @@ def _check_world(
     )
 
 
-def _check_order(
-    loader: tud.DataLoader[Any], state: dict[str, Any], dealt: dict[str, Any] | None
-) -> None:
+def _check_order(loader: tud.DataLoader[Any], state: dict[str, Any]) -> None:
     """The state's order comes from samplers of the same kinds, with the same generators
     and sampler states, as this loader's (not checked when this one process deals the rest
     of a DistributedSampler's epoch: the order is then the saved sampler's, `shards`)."""

@@ -73,11 +73,11 @@ CORRUPT: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
     ("truncated rng", _rng(TRUNCATED), ("rng[", "RuntimeError", "generator state")),
     ("no generator entry", lambda s: s["rng"].pop("generator"), ("no entry for 'generator'",)),
     ("no global entry", lambda s: s["rng"].pop("torch.global"), ("no 'torch.global' entry",)),
-    ("sharding garbage", _set("sharding", {"kind": "mine"}), ("'kind' is 'mine'",)),
-    ("world rank too big", lambda s: s["world"].update(rank=3), ("'rank' is 3", "from 0 to 0")),
+    ("sharding garbage", _set("sharding", {"kind": "mine"}), ("sharding['kind'] is 'mine'",)),
+    ("world rank too big", lambda s: s["world"].update(rank=3), ("world['rank'] is 3", "expected 0 to 0")),
     ("no world", _drop("world"), ("'world' is missing",)),
     ("order garbage", _set("order", "RandomSampler"), ("'order' is 'RandomSampler'",)),
-    ("dataset_states garbage", _set("dataset_states", {"workers": 3}), ("'workers' is 3",)),
+    ("dataset_states garbage", _set("dataset_states", {"workers": 3}), ("dataset_states['workers'] is 3",)),
     ("workers negative", _set("num_workers", -2), ("'num_workers' is -2",)),
 ]
 
