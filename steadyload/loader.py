@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -105,6 +106,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             loop waits for data, or `steadyload.RemoteWorkers` for placement. They serve
             beside the ``num_workers`` local ones (worker ids after theirs), with every
             promise above; see docs/guide/remote.md.
+        ledger: a folder to record what every step trained on (epoch, step, dataset indices,
+            worker, and what touched the batch: a re-run, a skipped sample, a resume), for
+            ``steadyload ledger verify`` (exactly once, across ranks and resumes),
+            ``show``, `steadyload.replay` and ``load_state_dict(skip_samples=...)``; one
+            file per rank and run, append-only. See docs/guide/ledger.md.
+        ledger_key: for an IterableDataset, a function of a batch returning its samples'
+            keys for the ledger (webdataset's ``__key__`` is read without it).
 
     ``snapshot_every_n_steps`` (torchdata's keyword) is accepted and changes nothing: the
     `state_dict` is exact after every batch (each batch carries its worker's position).
@@ -145,6 +153,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         sample_seeds: bool = False,
         worker_type: str = "process",
         remote_workers: int | tuple[int, int] | RemoteWorkers | None = None,
+        ledger: str | os.PathLike[str] | None = None,
+        ledger_key: Callable[[Any], Any] | None = None,
     ) -> None:
         # "auto" becomes a count before torch validates it (tuning.py; seconds at most).
         num_workers, auto = resolve_num_workers(
@@ -163,6 +173,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.sample_seeds = sample_seeds
         self.worker_type = worker_type
         self.remote_workers = remote_workers
+        self.ledger = ledger
+        self.ledger_key = ledger_key
         self._options = self._checked_options()
         remote_only = num_workers == 0 and self._options.remote is not None
         # Keywords only: Lightning records the arguments of the outermost __init__ it has
@@ -199,6 +211,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._last_run: RunRecord | None = None
         self._history = History()  # every epoch's report, for report(all_epochs=True)
         self._checkpoints = Checkpoints()  # epoch number and resume state (checkpoint.py)
+        self._checkpoints.use_ledger(self._options.ledger, self._options.ledger_key)
         self._report_every: tuple[float, Callable[[LoaderReport], None]] | None = None
         inheriting = getattr(multiprocessing.current_process(), "_inheriting", False)
         if num_workers > 0 and worker_type == "process" and not inheriting:
@@ -281,6 +294,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             sample_seeds=bool(self.sample_seeds),
             worker_type=self.worker_type,
             remote=remote_spec(self.remote_workers),
+            ledger=os.fspath(self.ledger) if self.ledger is not None else None,
+            ledger_key=self.ledger_key,
         )
 
     def __iter__(self) -> Any:
@@ -295,6 +310,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def _get_iterator(self) -> Any:
         self._options = self._checked_options()  # the attributes may have been set since
+        self._checkpoints.use_ledger(self._options.ledger, self._options.ledger_key)
         self._checkpoints.before_iterator(self)  # a resume undoes the base seed's draw
         iterator: InProcessIterator | WorkerIterator
         if self.num_workers == 0 and self._options.remote is None:

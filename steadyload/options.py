@@ -24,6 +24,8 @@ OPTION_NAMES = (
     "sample_seeds",
     "worker_type",
     "remote_workers",
+    "ledger",
+    "ledger_key",
 )
 
 
@@ -69,6 +71,10 @@ class LoaderOptions:
     """"process", "thread", or "auto" (chosen by measurement: engine/choice/worker_kind.py)."""
     remote: RemoteWorkers | None = None
     """Remote workers (Ray actors) beside the local ones (engine/remote/)."""
+    ledger: str | None = None
+    """The folder the ledger records every step into (resume/ledger/), or None."""
+    ledger_key: Any = None
+    """For a stream: a function of a batch giving its samples' keys, for the ledger."""
 
     def __post_init__(self) -> None:
         if self.start_method not in START_METHODS:
@@ -90,6 +96,10 @@ class LoaderOptions:
             or not self.hang_timeout > 0
         ):
             raise ValueError(f"hang_timeout must be > 0 seconds or None, got {self.hang_timeout!r}")
+        if self.ledger is not None and not isinstance(self.ledger, str):
+            raise TypeError(f"ledger must be a folder (str or path) or None, got {self.ledger!r}")
+        if self.ledger_key is not None and not callable(self.ledger_key):
+            raise TypeError(f"ledger_key must be a function of a batch, got {self.ledger_key!r}")
         if self.worker_type not in WORKER_TYPES:
             raise ValueError(
                 f"worker_type must be 'process', 'thread' or 'auto', got {self.worker_type!r}"

@@ -8,6 +8,7 @@ exception notes and checkpointing behave as with workers.
 from __future__ import annotations
 
 import collections
+import os
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -15,7 +16,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .._seeding import KeepCallerRngs, SampleSeeder
-from ..engine.worker.fetch import AllSkipped, Fetcher
+from ..engine.worker.fetch import ITERABLE, AllSkipped, Fetcher
 from ..options import LoaderOptions
 from ..resume.checkpoint import Checkpoints
 from ..resume.progress import position_blobs
@@ -57,13 +58,14 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
         )
         self._progress.in_process = self._fetcher.position
         self.record = RunRecord("in-process", None, (), history)
+        self.record.ledger = self._ledger = checkpoints.ledger
         self.record.epoch = self._progress.epoch
         self._guard = SkipGuard()
         self._empty = EmptyBatches(self._collate_fn)
-        self._ahead: collections.deque[tuple[int, Any]] = collections.deque()
+        self._ahead: collections.deque[tuple[int, Any, Any]] = collections.deque()
 
     def _next_data_timed(self) -> Any:
-        ordinal, data = self._ahead.popleft() if self._ahead else self._load_next()
+        ordinal, index, data = self._ahead.popleft() if self._ahead else self._load_next()
         if data is UNSET:  # every sample of the batch was skipped
             while not self._empty.ready:  # nothing loaded yet to copy the structure of
                 try:
@@ -73,12 +75,17 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
                 self._ahead.append(ahead)
             data = self._empty.make()
         self._progress.yielded.mark(ordinal)
+        if self._ledger is not None:
+            batch = data if self._dataset_kind == ITERABLE else None  # (for its keys)
+            step = self._progress.step_base + ordinal
+            self._ledger.step(step, index, -1, os.getpid(), "in-process", None, batch)
         if self._pin_memory:
             data = _pin_memory(data, self._pin_memory_device)
         return data
 
-    def _load_next(self) -> tuple[int, Any]:
-        """The next batch with its ordinal; ``UNSET`` for a batch whose samples all failed."""
+    def _load_next(self) -> tuple[int, Any, Any]:
+        """The next batch with its ordinal and indices; ``UNSET`` for a batch whose samples
+        all failed."""
         try:
             index = self._next_index()
         except StopIteration:
@@ -93,7 +100,7 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
                 data = self._fetcher.fetch(index)  # may raise StopIteration
         except AllSkipped:
             self._record_skips()
-            return ordinal, UNSET
+            return ordinal, index, UNSET
         except StopIteration:
             self._record_skips()
             if self._fetcher.cut is not None:
@@ -107,7 +114,7 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
         self.record.loaded(-1, self._fetcher.count, 0.0)  # (no worker: for rows_lost only)
         self._guard.delivered()
         self._empty.learn(data)
-        return ordinal, data
+        return ordinal, index, data
 
     def _end_epoch(self) -> None:
         """The epoch ended: its position is kept as it is now (a state saved between epochs

@@ -39,6 +39,7 @@ class RunRecord:
         self.rss: dict[int, int] = {}  # remote worker -> resident memory it reported
         self.periodic: tuple[float, Callable[[LoaderReport], None]] | None = None
         self._last_periodic = time.perf_counter()
+        self.ledger: Any = None  # the loader's ledger (`Recorder`): told of skipped samples
         self.history = history if history is not None else History()
         self.epoch = 0
         self._clear_epoch()
@@ -78,6 +79,8 @@ class RunRecord:
     def skip(self, sample: SkippedSample) -> None:
         """A sample was left out of its batch in this epoch."""
         self.skipped.append(replace(sample, epoch=self.epoch))
+        if self.ledger is not None:
+            self.ledger.skipped(self.epoch, sample.index, f"{sample.error_type}: {sample.message}")
 
     def cut(self, cut: StreamCut) -> None:
         """A worker's stream ended at a bad item in this epoch."""

@@ -284,10 +284,11 @@ class Recovery:
         report = RestartReport(died.worker_id, died.pid, cause, sample, rerun)
         self._record.restarted(report)
         for w in workers:
-            self._restart_worker(pool, w)
+            self._restart_worker(pool, w, cause)
 
-    def _restart_worker(self, pool: WorkerPool, worker_id: int) -> None:
-        """A fresh worker for ``worker_id``, given the tasks it held, in order."""
+    def _restart_worker(self, pool: WorkerPool, worker_id: int, cause: str = "") -> None:
+        """A fresh worker for ``worker_id``, given the tasks it held, in order (each noting
+        ``cause``: the ledger says what touched a batch)."""
         try:
             pool.respawn(worker_id)
         except ServerGone as gone:  # the fork server died under the respawn
@@ -296,4 +297,5 @@ class Recovery:
         if worker_id in self._stream_state:
             pool.send_restore(worker_id, self._stream_state[worker_id])
         for tid, task in self._table.held_by(worker_id):
+            self._table.rerun(tid, cause)
             pool.send_task(worker_id, tid, task.indices, self._table.epoch)

@@ -29,6 +29,7 @@ class TaskEntry:
     has_outcome: bool = False
     failed: bool = False
     stream_state: bytes | None = None  # a stateful stream's state after this batch
+    events: list[str] | None = None  # what touched it before it was yielded (a re-run)
 
 
 class TaskTable:
@@ -175,6 +176,12 @@ class TaskTable:
         """Re-run ``task_id`` without ``sample`` (it killed workers)."""
         task = self._tasks[task_id]
         task.indices = [i for i in task.indices if i != sample]
+
+    def rerun(self, task_id: int, cause: str) -> None:
+        """Task ``task_id`` is sent again (its worker died or hung): ``cause`` goes with it."""
+        task = self._tasks.get(task_id)
+        if task is not None:
+            task.events = [*(task.events or ()), f"re-run: {cause}"]
 
     def spend_restart(self) -> int:
         """One restart of this epoch's budget is used; how many are used now."""

@@ -79,6 +79,8 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             guards.check_process_start(self._dataset, self._local_workers, plan.start_method)
         checkpoints.apply_base_seed(loader, self)  # before the workers are configured with it
         self.record = RunRecord(plan.kind, plan.start_method, plan.preload, history)
+        self._ledger = checkpoints.ledger
+        self.record.ledger = checkpoints.ledger
         self._config = WorkerConfig(
             dataset_kind=self._dataset_kind,
             dataset=self._dataset,
@@ -274,6 +276,8 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
                 data, task = stash if stash is not None else self._next_data_inner()
                 self._handing = (data, task, self._commit(task))
             self._handing = None
+            if self._ledger is not None:
+                self._record_step(task, data)
             if self._scaling is not None and self._pool is not None:  # a grown pool: fill it
                 for _ in range(self._scaling.after_batch(self._pool) * self._prefetch_factor):
                     self._try_put_index()
@@ -340,6 +344,22 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
     def _commit(self, task: TaskEntry) -> tuple[Any, int | None]:
         """The batch of ``task`` is handed to the caller (`delivery.commit`)."""
         return commit(self._progress, task, self._dataset_kind == ITERABLE)
+
+    def _record_step(self, task: TaskEntry, data: Any) -> None:
+        """The ledger's line for the batch just handed over."""
+        assert self._ledger is not None
+        worker = task.worker_id
+        pool = self._pool
+        kind = "remote" if worker >= self._local_workers else self.record.worker_kind
+        self._ledger.step(
+            self._progress.step_base + task.ordinal,
+            task.indices,
+            worker,
+            pool.pid(worker) if pool is not None else None,
+            kind,
+            task.events,
+            data if self._dataset_kind == ITERABLE else None,
+        )
 
     def _hold_back(self) -> None:
         """Ctrl-C while a batch was being handed over: keep it for the next call."""

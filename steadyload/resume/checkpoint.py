@@ -44,6 +44,7 @@ from .epoch_order import (
     sampler_iterator,
     set_generators,
 )
+from .ledger.record import Recorder
 from .progress import EpochProgress, fail, persistent, replica_positions, saved_positions
 from .validate import REPLAY_WHY_FIX, STATE_FORMAT, STATE_VERSION, Resume, check, dataset_len
 
@@ -67,6 +68,7 @@ class Mark(NamedTuple):
     positions: dict[str, Any] | None
     base_seed: int | None = None
     unsaveable: str | None = None
+    step_base: int = 0  # the epoch's steps before its ordinal 0 (a re-dealt rest: the state's)
 
 
 class Checkpoints:
@@ -86,6 +88,7 @@ class Checkpoints:
         self._caller_rng: tuple[torch.Generator | None, torch.Tensor] | None = None
         self._current: EpochProgress | None = None  # the latest epoch, even once its
         # iterator is dropped (a loop that broke out): torchdata's StatefulDataLoader keeps it
+        self.ledger: Recorder | None = None  # ledger=: what every step trained on
         self.consumed: Callable[[], Mark | None] | None = None
         """Where the loop consuming this loader stands, when a wrapper reads ahead of it
         (accelerate's shard takes one batch early): set by the integration that knows."""
@@ -119,7 +122,10 @@ class Checkpoints:
             )
             it._num_yielded = progress.yielded.count
             progress.resume_streams = pending.dataset_states
+            if pending.redeal:  # its ordinals count the new dealing: steps go on from the state's
+                progress.step_base = pending.steps
             self._current = progress
+            self._record_epoch(loader, it, first_step=pending.steps)
             return progress
         self.epoch += 1
         progress = EpochProgress(self.epoch)
@@ -136,7 +142,31 @@ class Checkpoints:
         # run, whose replay draws here too, before a saved dataset state is restored.
         it._sampler_iter.prime()
         self._current = progress
+        self._record_epoch(loader, it, first_step=skip)
         return progress
+
+    def _record_epoch(self, loader: tud.DataLoader[Any], it: Any, first_step: int) -> None:
+        """Tell the ledger (if any) that the epoch begins, at step ``first_step``."""
+        if self.ledger is None or self._start is None:
+            return
+        options = getattr(loader, "_options", None)
+        self.ledger.begin_epoch(
+            loader,
+            self.epoch,
+            int(it._base_seed),
+            first_step,
+            self._start.sharding,
+            sample_seeds=bool(getattr(options, "sample_seeds", False)),
+        )
+
+    def use_ledger(self, folder: str | None, key: Callable[[Any], Any] | None) -> None:
+        """Record into ``folder`` from now on (None: stop); the same folder goes on."""
+        if folder is None:
+            self.ledger = None
+        elif self.ledger is None or self.ledger.folder != folder:
+            self.ledger = Recorder(folder, key)
+        else:
+            self.ledger.key = key
 
     def _left_redealt(self) -> bool:
         """Whether the latest epoch is an elastic resume's re-dealt rest, not run to its end."""
@@ -274,6 +304,7 @@ class Checkpoints:
             positions,
             start.base_seed,
             unsaveable,
+            progress.step_base,
         )
 
     def save(self, loader: tud.DataLoader[Any], at: Mark | None = None) -> dict[str, Any]:
@@ -319,6 +350,8 @@ class Checkpoints:
         state["dataset_states"] = (
             saved_positions(loader, at.positions) if at.positions is not None else None
         )
+        if self.ledger is not None:  # its timeline, and the records handed to the OS
+            state["ledger"] = self.ledger.state(at.step_base + at.prefix)
         return state
 
     def _constant(
@@ -354,4 +387,7 @@ class Checkpoints:
         resume = check(loader, state)
         self.epoch = resume.epoch
         self._pending = resume
+        if self.ledger is not None:
+            epoch, step = (resume.epoch + 1, 0) if resume.finished else (resume.epoch, resume.steps)
+            self.ledger.resumed(state, epoch, step)
         self._skip = 0  # the loaded position supersedes a requested skip

@@ -135,6 +135,12 @@ def check_fields(state: dict[str, Any]) -> None:
     _get(state, "persistent", _bool, "True or False")
     _check_sharding(_get(state, "sharding", _optional(_dict), "None or a dict"))
     _check_positions(_get(state, "dataset_states", _optional(_dict), "None or a dict"), workers)
+    ledger = (
+        _get(state, "ledger", _optional(_dict), "None or a dict") if "ledger" in state else None
+    )
+    if ledger is not None:
+        _get(ledger, "token", lambda v: isinstance(v, str), "a timeline's token (text)", "ledger")
+        _get(ledger, "steps", _at_least(0), "an int >= 0", "ledger")
     if state["version"] >= 3:
         world = _get(state, "world", _dict, "a dict with the saving run's size and rank")
         size = _get(world, "size", _at_least(1), "an int >= 1", "world")

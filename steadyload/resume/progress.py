@@ -47,6 +47,7 @@ class EpochProgress:
         "last_worker",
         "resume_streams",
         "in_process",
+        "step_base",
     )
 
     def __init__(self, epoch: int) -> None:
@@ -64,6 +65,9 @@ class EpochProgress:
         self.resume_streams: dict[str, Any] | None = None
         """Loaded replica positions (``dataset_states``) for the iterator to restore, then
         clear."""
+        self.step_base = 0
+        """Steps of the epoch before ordinal 0: a rest dealt again to other ranks numbers
+        its batches from 0, and its steps go on from the state's (the ledger's count)."""
         self.in_process: Callable[[], bytes | None] | None = None
         """``num_workers=0``: the dataset's position now (`Fetcher.position`), read when a
         state is saved (fixed at the epoch's end)."""

@@ -68,6 +68,36 @@ def epoch_batches(sharding: dict[str, Any], n: int | None, drop_last: bool) -> i
     return share // per_batch if drop_last else math.ceil(share / per_batch)
 
 
+def deal_plan(loader: tud.DataLoader[Any], sharding: dict[str, Any] | None) -> dict[str, Any]:
+    """How an epoch (or the rest a resume dealt again) goes to ranks, for the ledger: the
+    kind, N, this rank, where the dealing began, and the samples it repeats (``pad``) and
+    leaves out (``cut``) over all ranks, by the sampler's rules (padding to a multiple of N,
+    ``drop_last``); accelerate's figures count whole batches of ``batch_size``."""
+    try:
+        n = len(loader.dataset)  # type: ignore[arg-type]
+    except TypeError:
+        n = None
+    batch = loader.batch_size or 1
+    if sharding is None or n is None:
+        cut = n % batch if n is not None and loader.drop_last and loader._auto_collation else 0
+        return {"kind": None, "replicas": 1, "rank": 0, "offset": 0, "pad": 0, "cut": cut}
+    replicas, offset, order = sharding["replicas"], sharding["offset"], sharding["order"]
+    plan = {"kind": sharding["kind"], "replicas": replicas, "rank": sharding["rank"]}
+    if sharding["kind"] == DISTRIBUTED:
+        rest = max(n - offset, 0)
+        pad = 0 if order["drop_last"] else -rest % replicas
+        cut = rest % replicas if order["drop_last"] else 0
+        share = (rest + pad - cut) // replicas
+        if loader.drop_last and sharding["per_batch"]:
+            cut += share % sharding["per_batch"] * replicas
+        return {**plan, "offset": offset, "pad": pad, "cut": cut}
+    batches = max(math.ceil(n / batch) - offset, 0)  # accelerate: units are batches
+    spread = 1 if order["split_batches"] else replicas
+    pad = -batches % spread if order["even_batches"] and not order["drop_last"] else 0
+    cut = batches % spread if order["drop_last"] else 0
+    return {**plan, "offset": offset, "pad": pad * batch, "cut": cut * batch}
+
+
 def describe(loader: tud.DataLoader[Any], offset: int = 0) -> dict[str, Any] | None:
     """How the loader's epoch is sharded over ranks (JSON-able), or None when it is not."""
     sampler, batches = _distributed(loader), loader.batch_sampler

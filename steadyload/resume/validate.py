@@ -72,6 +72,9 @@ class Resume:
     """The rest of the saved epoch is dealt again to this loader's ranks (`shards.elastic`)."""
     dataset_states: dict[str, Any] | None
     """The dataset replicas' positions; None once restored (in-process, between epochs)."""
+    steps: int = 0
+    """The steps of the epoch done at the state (the ledger's count: across a dealing again
+    to other ranks it goes on, where ``yielded`` counts the new dealing's batches)."""
 
 
 def dataset_len(loader: tud.DataLoader[Any]) -> int | None:
@@ -150,7 +153,17 @@ def check(loader: tud.DataLoader[Any], state: Any) -> Resume:
         dealt=dealt,
         redeal=redeal,
         dataset_states=copy.deepcopy(state["dataset_states"]),
+        steps=_steps(state),
     )
+
+
+def _steps(state: dict[str, Any]) -> int:
+    """The steps of the epoch the state was saved after (the ledger's count, when it kept
+    one: it goes on across a dealing again; else the batches yielded)."""
+    ledger = state.get("ledger")
+    if isinstance(ledger, dict):
+        return int(ledger["steps"])
+    return int(state["batches_yielded"])
 
 
 def _check_fits(loader: tud.DataLoader[Any], state: dict[str, Any]) -> None:
