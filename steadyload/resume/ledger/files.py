@@ -31,12 +31,22 @@ from typing import Any
 FORMAT = 1
 SUFFIX = ".ledger.jsonl"
 FLUSH_S = 1.0  # the longest a record waits before it reaches the OS
-_DUMPS = json.JSONEncoder(separators=(",", ":")).encode
+_DUMPS = json.JSONEncoder(  # indices as a sampler gave them: a tensor's become a list
+    separators=(",", ":"), default=lambda o: o.tolist() if hasattr(o, "tolist") else repr(o)
+).encode
+STEP_KEYS = ("e", "s", "i", "w", "p", "k", "ev", "keys")  # a step line's keys, in order
+
+
+def _line(record: Any) -> str:
+    if isinstance(record, tuple):  # a step (`Writer.step`)
+        record = {k: v for k, v in zip(STEP_KEYS, record, strict=True) if v is not None or k == "i"}
+    return _DUMPS(record) + "\n"
 
 
 class Writer:
-    """One segment's file, append-only; `write` buffers a line, `flush` hands the buffer to
-    the OS (also done by the flusher thread within `FLUSH_S`)."""
+    """One segment's file, append-only; `write` buffers a record, `flush` encodes what is
+    buffered and hands it to the OS (the flusher thread does within `FLUSH_S`): a step costs
+    the training loop a tuple appended, its JSON is made off the hot path."""
 
     def __init__(self, folder: str | os.PathLike[str], header: dict[str, Any]) -> None:
         Path(folder).mkdir(parents=True, exist_ok=True)
@@ -45,7 +55,7 @@ class Writer:
         self._fd: int | None = os.open(
             self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644
         )
-        self._lines: list[str] = []
+        self._records: list[Any] = []  # dicts and `step` tuples, in order
         self._lock = threading.Lock()
         self.write({"ledger": FORMAT, "segment": name.removesuffix(SUFFIX), **header})
         self.flush()
@@ -53,17 +63,21 @@ class Writer:
 
     def write(self, record: dict[str, Any]) -> None:
         """Buffer one record (a line)."""
-        line = _DUMPS(record) + "\n"
         with self._lock:
-            self._lines.append(line)
+            self._records.append(record)
+
+    def step(self, fields: tuple[Any, ...]) -> None:
+        """Buffer one step: the values of `STEP_KEYS`, in order (None: left out)."""
+        with self._lock:
+            self._records.append(fields)
 
     def flush(self) -> None:
-        """Hand every buffered line to the OS, in one write where it fits."""
+        """Encode every buffered record and hand them to the OS, in one write where it fits."""
         with self._lock:
-            if not self._lines or self._fd is None:
+            if not self._records or self._fd is None:
                 return
-            data = "".join(self._lines).encode()
-            self._lines.clear()
+            records, self._records = self._records, []
+            data = "".join(map(_line, records)).encode()
             view = memoryview(data)
             while view:
                 view = view[os.write(self._fd, view) :]

@@ -56,9 +56,6 @@ class Recorder:
         self._next: dict[str, Any] = {"token": ROOT, "parent": None, "cut": None, "skip": None}
         self._writer: Writer | None = None
         self._epoch = -1
-        self.steps = 0
-        """Steps of the current epoch handed over so far, counted from the epoch's start
-        across resumes (what a state saved now resumes at)."""
 
     # -- the timeline ------------------------------------------------------------------------
     def resumed(
@@ -89,7 +86,7 @@ class Recorder:
         """Epoch ``epoch`` begins at step ``first_step`` (a resumed one: the state's)."""
         if self._writer is None:
             self._open(loader)
-        self._epoch, self.steps = epoch, first_step
+        self._epoch = epoch
         assert self._writer is not None
         self._writer.write(
             {
@@ -146,23 +143,8 @@ class Recorder:
         writer = self._writer
         if writer is None:
             return
-        record: dict[str, Any] = {
-            "e": self._epoch,
-            "s": step,
-            "i": indices,
-            "w": worker,
-            "p": pid,
-            "k": kind,
-        }
-        if events:
-            record["ev"] = events
-        if batch is not None:
-            keys = _keys(batch, self.key)
-            if keys is not None:
-                record["keys"] = keys
-        writer.write(record)
-        if step >= self.steps:
-            self.steps = step + 1
+        keys = _keys(batch, self.key) if batch is not None else None
+        writer.step((self._epoch, step, indices, worker, pid, kind, events or None, keys))
 
     def skipped(self, epoch: int, index: Any, cause: str) -> None:
         """A sample was left out on error (``on_error="skip"``) in epoch ``epoch``."""
