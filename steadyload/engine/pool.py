@@ -70,6 +70,9 @@ class WorkerPool(Protocol):
     def pids(self) -> dict[int, int]:
         """worker id -> pid of the live workers whose memory is their own."""
 
+    def host(self, worker_id: int) -> str | None:
+        """The machine the worker runs on (an address), or None for this one."""
+
     def started_at(self, worker_id: int) -> float | None:
         """When the worker was asked for, on `clock`. [Unit: second]"""
 

@@ -140,6 +140,10 @@ class RoutedPool:
         """The worker's process id."""
         return self._route(worker_id).pid(worker_id)
 
+    def host(self, worker_id: int) -> str | None:
+        """The machine the worker runs on (None: this one)."""
+        return self._route(worker_id).host(worker_id)
+
     def pids(self) -> dict[int, int]:
         """The lead pool's pids (beside remote workers: the local ones, whose memory is
         sampled here)."""

@@ -1,9 +1,11 @@
-"""A batch handed to the caller: what it marks in the epoch's progress, and its undo."""
+"""A batch handed to the caller: what it marks in the epoch's progress, its undo, and its
+line in the ledger."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..resume.ledger.record import Recorder
 from ..resume.progress import EpochProgress
 from .tasks import TaskEntry
 
@@ -33,3 +35,22 @@ def take_back(progress: EpochProgress, task: TaskEntry, before: tuple[Any, int |
     else:
         progress.streams.pop(task.worker_id, None)
     progress.last_worker = last
+
+
+def record_step(
+    ledger: Recorder, progress: EpochProgress, task: TaskEntry, pool: Any, kind: str, stream: Any
+) -> None:
+    """The ledger's line for the batch of ``task``, just handed over (``kind``: the local
+    workers' kind; ``stream``: a stream's batch, read for its samples' keys, else None)."""
+    worker = task.worker_id
+    remote = pool is not None and pool.host(worker) is not None
+    ledger.step(
+        progress.step_base + task.ordinal,
+        task.indices,
+        worker,
+        pool.pid(worker) if pool is not None else None,
+        "remote" if remote else kind,
+        task.events,
+        stream,
+        pool.host(worker) if remote else None,
+    )

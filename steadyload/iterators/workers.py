@@ -44,7 +44,7 @@ from .common import (
     flat_indices,
     refuse_datapipes,
 )
-from .delivery import commit, take_back
+from .delivery import commit, record_step, take_back
 from .hangs import Watchdog
 from .outcomes import Outcomes
 from .record import History, RunRecord
@@ -277,7 +277,9 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
                 self._handing = (data, task, self._commit(task))
             self._handing = None
             if self._ledger is not None:
-                self._record_step(task, data)
+                stream = data if self._dataset_kind == ITERABLE else None  # (its keys)
+                kind = self.record.worker_kind
+                record_step(self._ledger, self._progress, task, self._pool, kind, stream)
             if self._scaling is not None and self._pool is not None:  # a grown pool: fill it
                 for _ in range(self._scaling.after_batch(self._pool) * self._prefetch_factor):
                     self._try_put_index()
@@ -344,22 +346,6 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
     def _commit(self, task: TaskEntry) -> tuple[Any, int | None]:
         """The batch of ``task`` is handed to the caller (`delivery.commit`)."""
         return commit(self._progress, task, self._dataset_kind == ITERABLE)
-
-    def _record_step(self, task: TaskEntry, data: Any) -> None:
-        """The ledger's line for the batch just handed over."""
-        assert self._ledger is not None
-        worker = task.worker_id
-        pool = self._pool
-        kind = "remote" if worker >= self._local_workers else self.record.worker_kind
-        self._ledger.step(
-            self._progress.step_base + task.ordinal,
-            task.indices,
-            worker,
-            pool.pid(worker) if pool is not None else None,
-            kind,
-            task.events,
-            data if self._dataset_kind == ITERABLE else None,
-        )
 
     def _hold_back(self) -> None:
         """Ctrl-C while a batch was being handed over: keep it for the next call."""

@@ -247,6 +247,10 @@ class ProcessPool:
         h = self._handles[worker_id]
         return h.pid if h is not None else None
 
+    def host(self, worker_id: int) -> str | None:
+        """None: on this machine."""
+        return None
+
     def pids(self) -> dict[int, int]:
         """worker id -> pid of the live workers (safe to call from another thread)."""
         return {h.worker_id: h.pid for h in list(self._live) if h.pid is not None}

@@ -338,6 +338,11 @@ class RemotePool:
         a = self._actors.get(worker_id)
         return a.pid if a is not None else None
 
+    def host(self, worker_id: int) -> str | None:
+        """The address of the actor's node (once its set-up began)."""
+        a = self._actors.get(worker_id)
+        return a.address or None if a is not None else None
+
     def pids(self) -> dict[int, int]:
         """Empty: remote memory is not sampled from here (the actors report theirs)."""
         return {}

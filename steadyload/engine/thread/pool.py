@@ -251,6 +251,10 @@ class ThreadPool:
         """This process's id (threads have none of their own)."""
         return os.getpid()
 
+    def host(self, worker_id: int) -> str | None:
+        """None: in this process."""
+        return None
+
     def pids(self) -> dict[int, int]:
         """Empty: thread workers share this process's memory, so none is sampled per worker."""
         return {}

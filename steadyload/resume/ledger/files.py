@@ -34,7 +34,7 @@ FLUSH_S = 1.0  # the longest a record waits before it reaches the OS
 _DUMPS = json.JSONEncoder(  # indices as a sampler gave them: a tensor's become a list
     separators=(",", ":"), default=lambda o: o.tolist() if hasattr(o, "tolist") else repr(o)
 ).encode
-STEP_KEYS = ("e", "s", "i", "w", "p", "k", "ev", "keys")  # a step line's keys, in order
+STEP_KEYS = ("e", "s", "i", "w", "p", "k", "h", "ev", "keys")  # a step line's keys, in order
 
 
 def _line(record: Any) -> str:

@@ -138,13 +138,17 @@ class Recorder:
         kind: str,
         events: list[Any] | None = None,
         batch: Any = None,
+        host: str | None = None,
     ) -> None:
-        """Step ``step`` of the current epoch was handed to the loop."""
+        """Step ``step`` of the current epoch was handed to the loop (``batch``: a stream's,
+        for its keys; ``host``: a remote worker's node)."""
         writer = self._writer
         if writer is None:
             return
-        keys = _keys(batch, self.key) if batch is not None else None
-        writer.step((self._epoch, step, indices, worker, pid, kind, events or None, keys))
+        keys = None
+        if batch is not None:  # a stream's: no indices (torch's are None), maybe keys
+            indices, keys = None, _keys(batch, self.key)
+        writer.step((self._epoch, step, indices, worker, pid, kind, host, events or None, keys))
 
     def skipped(self, epoch: int, index: Any, cause: str) -> None:
         """A sample was left out on error (``on_error="skip"``) in epoch ``epoch``."""
