@@ -97,6 +97,8 @@ class Done:
     """Time from the task's start to the batch packed in shared memory. [Unit: second]"""
     rss_bytes: int = 0
     """The worker's resident memory after the batch (remote workers; 0: not sent). [Unit: byte]"""
+    span: tuple[int, int] | None = None
+    """A stream's batch: the items of the worker's stream it read, [first, end) (the ledger)."""
 
 
 @message

@@ -53,4 +53,5 @@ def record_step(
         task.events,
         stream,
         pool.host(worker) if remote else None,
+        task.span,
     )

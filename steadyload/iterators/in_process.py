@@ -66,6 +66,9 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
 
     def _next_data_timed(self) -> Any:
         ordinal, index, data = self._ahead.popleft() if self._ahead else self._load_next()
+        span = None
+        if self._dataset_kind == ITERABLE:  # (its indices are torch's Nones)
+            span, index = index, None
         if data is UNSET:  # every sample of the batch was skipped
             while not self._empty.ready:  # nothing loaded yet to copy the structure of
                 try:
@@ -76,9 +79,10 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
             data = self._empty.make()
         self._progress.yielded.mark(ordinal)
         if self._ledger is not None:
-            batch = data if self._dataset_kind == ITERABLE else None  # (for its keys)
+            batch = data if span is not None else None  # a stream's, for its keys
             step = self._progress.step_base + ordinal
-            self._ledger.step(step, index, -1, os.getpid(), "in-process", None, batch)
+            pid = os.getpid()
+            self._ledger.step(step, index, -1, pid, "in-process", None, batch, None, span)
         if self._pin_memory:
             data = _pin_memory(data, self._pin_memory_device)
         return data
@@ -114,6 +118,8 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
         self.record.loaded(-1, self._fetcher.count, 0.0)  # (no worker: for rows_lost only)
         self._guard.delivered()
         self._empty.learn(data)
+        if self._dataset_kind == ITERABLE:
+            return ordinal, self._fetcher.span, data  # where it is in the stream, not indices
         return ordinal, index, data
 
     def _end_epoch(self) -> None:

@@ -66,7 +66,9 @@ class Outcomes:
             case Received(done=done, batch=batch):
                 self._record_skips(done.skipped)
                 self._guard.delivered()
-                task = table.settle(done.task_id, batch, stream_state=done.stream_state)
+                task = table.settle(
+                    done.task_id, batch, stream_state=done.stream_state, span=done.span
+                )
                 if task is None:
                     return False
                 if done.stream_state is not None:

@@ -30,6 +30,7 @@ class TaskEntry:
     failed: bool = False
     stream_state: bytes | None = None  # a stateful stream's state after this batch
     events: list[str] | None = None  # what touched it before it was yielded (a re-run)
+    span: tuple[int, int] | None = None  # a stream's: the items of its worker's stream read
 
 
 class TaskTable:
@@ -140,6 +141,7 @@ class TaskTable:
         *,
         failed: bool = False,
         stream_state: bytes | None = None,
+        span: tuple[int, int] | None = None,
     ) -> TaskEntry | None:
         """An outcome for ``task_id`` arrived (a batch, `EMPTY`, or the exception to raise;
         none: its worker's stream ended), with the stream's state after it: the task, or
@@ -154,6 +156,8 @@ class TaskTable:
         self._outstanding -= 1
         if stream_state is not None:
             task.stream_state = stream_state
+        if span is not None:
+            task.span = span
         if outcome is not _NONE:
             task.outcome, task.has_outcome, task.failed = outcome, True, failed
             if self._arrived is not None:

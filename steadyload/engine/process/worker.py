@@ -234,6 +234,7 @@ class ProcessLink:
                 stream_state=done.stream_state,
                 samples=done.samples,
                 load_s=done.load_s,
+                span=done.span,
             ),
             fds,
         )

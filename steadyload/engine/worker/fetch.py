@@ -98,6 +98,9 @@ class Fetcher:
         """Samples skipped by the last `fetch`."""
         self.count = 0
         """Samples in the batch the last `fetch` returned."""
+        self.span: tuple[int, int] | None = None
+        """A stream's: the items of the stream the last `fetch` read, [first, end), counted
+        from the stream's start (kept in `position`: a resumed stream goes on counting)."""
         self._dataset = dataset
         self._auto_collation = auto_collation
         self._collate_fn = collate_fn
@@ -130,6 +133,8 @@ class Fetcher:
             return
         if iterator is None or saved is None or saved.get("next_epoch"):
             iterator = iter(dataset)
+        else:  # mid-epoch: the items read before go on counting
+            self._items_read = int(saved.get("read", 0))
         self._iterator = iterator
         self._holders = (
             dataset if iterator is not dataset and stateful(dataset) else None,
@@ -143,12 +148,13 @@ class Fetcher:
         dataset, iterator = self._holders
         if dataset is None and iterator is None:
             return None
-        return pickle.dumps(
-            {
-                "dataset": dataset.state_dict() if dataset is not None else None,
-                "iterator": iterator.state_dict() if iterator is not None else None,
-            }
-        )
+        saved = {
+            "dataset": dataset.state_dict() if dataset is not None else None,
+            "iterator": iterator.state_dict() if iterator is not None else None,
+        }
+        if self._kind == ITERABLE:
+            saved["read"] = self._items_read  # the ledger's item count goes on after a resume
+        return pickle.dumps(saved)
 
     @property
     def where(self) -> str:
@@ -245,6 +251,13 @@ class Fetcher:
         if self._ended:
             raise StopIteration
         self._stage, self._current = "stream", self._items_read
+        first = self._items_read
+        try:
+            return self._read_batch(index)
+        finally:
+            self.span = (first, self._items_read)
+
+    def _read_batch(self, index: Any) -> Any:
         if self._auto_collation:
             data = []
             for _ in index:

@@ -238,6 +238,7 @@ def _run_task(
             stream_state=state,
             samples=fetcher.count,
             load_s=time.perf_counter() - began,
+            span=fetcher.span,
         ),
         packed,
     )

@@ -18,6 +18,7 @@ second, and a torn last line is ignored by the reader, never the lines before it
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -34,7 +35,7 @@ FLUSH_S = 1.0  # the longest a record waits before it reaches the OS
 _DUMPS = json.JSONEncoder(  # indices as a sampler gave them: a tensor's become a list
     separators=(",", ":"), default=lambda o: o.tolist() if hasattr(o, "tolist") else repr(o)
 ).encode
-STEP_KEYS = ("e", "s", "i", "w", "p", "k", "h", "ev", "keys")  # a step line's keys, in order
+STEP_KEYS = ("e", "s", "i", "w", "p", "k", "h", "ev", "pos", "keys")  # a step line's keys, in order
 
 
 def _line(record: Any) -> str:
@@ -131,7 +132,19 @@ class _Flusher:
             del writers, writer
 
 
+    def flush_all(self) -> None:
+        """Flush every open writer (at interpreter exit: the thread is a daemon)."""
+        with self._lock:
+            writers = list(self._writers)
+        for writer in writers:
+            try:
+                writer.flush()
+            except OSError:
+                pass
+
+
 _flusher = _Flusher()
+atexit.register(_flusher.flush_all)
 
 
 @dataclass

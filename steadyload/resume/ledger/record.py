@@ -139,16 +139,20 @@ class Recorder:
         events: list[Any] | None = None,
         batch: Any = None,
         host: str | None = None,
+        span: tuple[int, int] | None = None,
     ) -> None:
         """Step ``step`` of the current epoch was handed to the loop (``batch``: a stream's,
-        for its keys; ``host``: a remote worker's node)."""
+        for its keys; ``host``: a remote worker's node; ``span``: a stream's items, the
+        first and the end, in the worker's stream)."""
         writer = self._writer
         if writer is None:
             return
         keys = None
         if batch is not None:  # a stream's: no indices (torch's are None), maybe keys
             indices, keys = None, _keys(batch, self.key)
-        writer.step((self._epoch, step, indices, worker, pid, kind, host, events or None, keys))
+        pos = list(span) if batch is not None and span is not None else None
+        record = (self._epoch, step, indices, worker, pid, kind, host, events or None, pos, keys)
+        writer.step(record)
 
     def skipped(self, epoch: int, index: Any, cause: str) -> None:
         """A sample was left out on error (``on_error="skip"``) in epoch ``epoch``."""
