@@ -38,10 +38,11 @@ def take_back(progress: EpochProgress, task: TaskEntry, before: tuple[Any, int |
 
 
 def record_step(
-    ledger: Recorder, progress: EpochProgress, task: TaskEntry, pool: Any, kind: str, stream: Any
+    ledger: Recorder, progress: EpochProgress, task: TaskEntry, pool: Any, record: Any, stream: Any
 ) -> None:
-    """The ledger's line for the batch of ``task``, just handed over (``kind``: the local
-    workers' kind; ``stream``: a stream's batch, read for its samples' keys, else None)."""
+    """The ledger's line for the batch of ``task``, just handed over (``record``: the run's
+    `RunRecord`, for the workers' kind; ``stream``: a stream's batch, for its samples' keys,
+    else None)."""
     worker = task.worker_id
     remote = pool is not None and pool.host(worker) is not None
     ledger.step(
@@ -49,7 +50,7 @@ def record_step(
         task.indices,
         worker,
         pool.pid(worker) if pool is not None else None,
-        "remote" if remote else kind,
+        "remote" if remote else record.worker_kind,
         task.events,
         stream,
         pool.host(worker) if remote else None,

@@ -79,8 +79,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             guards.check_process_start(self._dataset, self._local_workers, plan.start_method)
         checkpoints.apply_base_seed(loader, self)  # before the workers are configured with it
         self.record = RunRecord(plan.kind, plan.start_method, plan.preload, history)
-        self._ledger = checkpoints.ledger
-        self.record.ledger = checkpoints.ledger
+        self.record.ledger = self._ledger = checkpoints.ledger  # (told of skipped samples)
         self._config = WorkerConfig(
             dataset_kind=self._dataset_kind,
             dataset=self._dataset,
@@ -276,10 +275,9 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
                 data, task = stash if stash is not None else self._next_data_inner()
                 self._handing = (data, task, self._commit(task))
             self._handing = None
-            if self._ledger is not None:
-                stream = data if self._dataset_kind == ITERABLE else None  # (its keys)
-                kind = self.record.worker_kind
-                record_step(self._ledger, self._progress, task, self._pool, kind, stream)
+            if self._ledger is not None:  # (a stream's batch: for its samples' keys)
+                stream = data if self._dataset_kind == ITERABLE else None
+                record_step(self._ledger, self._progress, task, self._pool, self.record, stream)
             if self._scaling is not None and self._pool is not None:  # a grown pool: fill it
                 for _ in range(self._scaling.after_batch(self._pool) * self._prefetch_factor):
                     self._try_put_index()
@@ -313,6 +311,8 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
                     self._shutdown_workers()
                 self._progress.ended = dict(self._ended)
                 self._progress.finished = True
+                if self._ledger is not None:
+                    self._ledger.flush()  # the epoch's steps on disk as it ends
                 raise StopIteration
             task_id, task = head
             if task.has_outcome and self._can_deliver(task):
