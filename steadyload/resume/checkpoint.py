@@ -225,6 +225,7 @@ class Checkpoints:
         decides how the state resumes)."""
         twin = Checkpoints()
         twin.epoch, twin._skip = self.epoch, self._skip
+        twin.ledger = self.ledger  # the same timeline: the twin goes on with its segment
         pending = self._pending
         if pending is not None:
             with warnings.catch_warnings():  # said when the state was loaded
