@@ -30,6 +30,7 @@ import pytest
 import torch
 
 import steadyload as sl
+from steadyload.resume.ledger.files import read_folder
 from tests.conftest import processes_gone, wait_until
 from tests.remote_datasets import (
     Augmented,
@@ -161,14 +162,19 @@ def test_every_node_is_on_loopback(cluster: Ray) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
-def test_local_and_remote_workers_give_torchs_batches(cluster: Ray) -> None:
+def test_local_and_remote_workers_give_torchs_batches(cluster: Ray, tmp_path: Path) -> None:
     ds = Augmented(48)
     expected = list(torch.utils.data.DataLoader(
         ds, batch_size=4, shuffle=True, generator=_gen(), num_workers=3,
         multiprocessing_context="forkserver"))  # fmt: skip
     loader = sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(), num_workers=1,
-                           remote_workers=2)  # fmt: skip
+                           remote_workers=2, ledger=tmp_path)  # fmt: skip
     assert _same(list(loader), expected)  # torch's order and its workers' random draws
+    steps = [s for seg in read_folder(tmp_path) for s in seg.steps]  # the ledger says who
+    assert sorted(i for s in steps for i in s["i"]) == list(range(48))
+    assert {(s["w"], s["k"]) for s in steps} == {(0, "process"), (1, "remote"), (2, "remote")}
+    assert all(s.get("h") for s in steps if s["k"] == "remote")  # the actor's node
+    assert not any(s.get("h") for s in steps if s["k"] == "process")
     report = loader.report()
     local, *remote = report.workers
     assert local.node is None and [w.worker_id for w in remote] == [1, 2]
@@ -185,13 +191,13 @@ def test_a_stream_is_sharded_over_local_and_remote_workers_as_torch_does(cluster
     assert [b.tolist() for b in got] == [b.tolist() for b in expected]
 
 
-def test_a_sigkilled_actor_is_replaced_and_its_batches_rerun_once(cluster: Ray,
-                                                                 caplog: Any) -> None:  # fmt: skip
+def test_a_sigkilled_actor_is_replaced_and_its_batches_rerun_once(cluster: Ray, caplog: Any,
+                                                                 tmp_path: Path) -> None:  # fmt: skip
     ds = Augmented(48)
     expected = list(sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(),
                                   num_workers=2, sample_seeds=True))  # fmt: skip
     loader = sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(),
-                           remote_workers=2, sample_seeds=True)  # fmt: skip
+                           remote_workers=2, sample_seeds=True, ledger=tmp_path)  # fmt: skip
     got = []
     with caplog.at_level(logging.WARNING):
         for i, batch in enumerate(it := iter(loader)):
@@ -200,6 +206,10 @@ def test_a_sigkilled_actor_is_replaced_and_its_batches_rerun_once(cluster: Ray,
                 os.kill(it._workers[1].pid, signal.SIGKILL)
     assert _same(got, expected)
     assert sorted(_indices(got)) == list(range(48))  # exactly once
+    steps = [s for seg in read_folder(tmp_path) for s in seg.steps]
+    assert sorted(i for s in steps for i in s["i"]) == list(range(48))
+    rerun = [s for s in steps if s.get("ev")]  # the killed actor's batches, re-run
+    assert rerun and all(s["w"] == 1 and s["ev"][0].startswith("re-run:") for s in rerun)
     (restart,) = loader.report().restarts
     assert restart.worker_id == 1 and "Ray worker process died" in restart.cause
     assert "steadyload started a replacement worker 1" in caplog.text
