@@ -27,6 +27,7 @@ DOCUMENTED = [
     "WorkerHangError",
     "WorkerReport",
     "WorkerStartError",
+    "ledger_samples",
     "per_worker",
     "prestart",
     "report_every",
@@ -54,7 +55,7 @@ def test_signature_is_torchs_positionally_then_keyword_only_extras() -> None:
     extras = list(ours)[len(theirs):]
     assert extras == [
         "snapshot_every_n_steps", "start_method", "max_restarts", "on_error", "hang_timeout", "max_worker_memory",
-        "sample_seeds", "worker_type", "remote_workers",
+        "sample_seeds", "worker_type", "remote_workers", "ledger", "ledger_key",
     ]
     assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in extras)
 

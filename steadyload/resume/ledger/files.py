@@ -18,6 +18,7 @@ second, and a torn last line is ignored by the reader, never the lines before it
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -101,6 +102,17 @@ class _Flusher:
                 )
                 self._thread.start()
 
+    def flush_all(self) -> None:
+        """Flush every open writer (at exit: the flusher is a daemon thread, and a loader
+        kept alive by a cycle is not collected, so its last second would be lost)."""
+        with self._lock:
+            writers = list(self._writers)
+        for writer in writers:
+            try:
+                writer.flush()
+            except OSError:
+                pass  # a full disk at exit: nothing left to tell
+
     def _run(self) -> None:
         while True:
             time.sleep(FLUSH_S / 2)
@@ -118,6 +130,7 @@ class _Flusher:
 
 
 _flusher = _Flusher()
+atexit.register(_flusher.flush_all)
 
 
 @dataclass
