@@ -779,3 +779,17 @@ class ResetsOnIter(IterableDataset[Any]):
             raise StopIteration
         self.position += 1
         return torch.tensor([self._mine[self.position - 1]])
+
+
+class SeedSeen(Dataset[Any]):
+    """Sample i is ``[i, the torch seed it was loaded under]``: with ``sample_seeds=True``,
+    the per-sample seed (`steadyload ledger show` computes the same)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.tensor([i, torch.initial_seed()], dtype=torch.int64)

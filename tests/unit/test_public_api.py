@@ -27,6 +27,7 @@ DOCUMENTED = [
     "WorkerHangError",
     "WorkerReport",
     "WorkerStartError",
+    "ledger_samples",
     "per_worker",
     "prestart",
     "report_every",

@@ -116,6 +116,17 @@ class _Flusher:
                 )
                 self._thread.start()
 
+    def flush_all(self) -> None:
+        """Flush every open writer (at exit: the flusher is a daemon thread, and a loader
+        kept alive by a cycle is not collected, so its last second would be lost)."""
+        with self._lock:
+            writers = list(self._writers)
+        for writer in writers:
+            try:
+                writer.flush()
+            except OSError:
+                pass  # a full disk at exit: nothing left to tell
+
     def _run(self) -> None:
         while True:
             time.sleep(FLUSH_S / 2)
