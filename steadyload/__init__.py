@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .report import LoaderReport as LoaderReport
     from .report import WorkerReport as WorkerReport
     from .report import report_every as report_every
+    from .resume.ledger.replay import replay as replay
     from .resume.ledger.show import ledger_samples as ledger_samples
     from .start.context import prestart as prestart
 
@@ -56,6 +57,7 @@ _EXPORTS = {
     "ledger_samples": ".resume.ledger.show",
     "per_worker": ".per_worker",
     "prestart": ".start.context",
+    "replay": ".resume.ledger.replay",
     "report_every": ".report",
 }
 

@@ -2,7 +2,7 @@
 tests/integration/test_elastic.py.
 
 ``torchrun ... -m tests.elastic_job OUT [--steps S] [--workers W] [--kill-worker]
-[--lose-node-at STEP]``
+[--lose-node-at STEP] [--ledger DIR] [--crash-after K]``
 
 Each rank iterates its ``DistributedSampler`` shard through a steadyload loader for
 `EPOCHS` epochs; an all-reduce per step keeps the ranks in lockstep, as gradients do. After
@@ -12,7 +12,10 @@ what was committed. At start the job resumes from OUT/ckpt.pt if there is one, w
 number of ranks that wrote it. ``--steps S`` stops after S steps (a job that ends);
 ``--kill-worker`` SIGKILLs a loader worker of rank 1 at its first step; ``--lose-node-at
 STEP`` makes rank 1 kill its torchrun agent and itself after STEP steps (a lost node: an
-elastic torchrun restarts the rest on fewer ranks). At the end each rank writes
+elastic torchrun restarts the rest on fewer ranks); ``--ledger DIR`` records every step
+(steadyload's ledger); ``--crash-after K`` commits K steps, takes two more without a
+checkpoint, then every rank SIGKILLs itself (a crash: those two steps are superseded by
+the resume). At the end each rank writes
 OUT/report_w<world>_r<rank>.json (its loader's restarts).
 """
 
@@ -53,12 +56,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--kill-worker", action="store_true")
     parser.add_argument("--lose-node-at", type=int, default=None)
+    parser.add_argument("--ledger", default=None)
+    parser.add_argument("--crash-after", type=int, default=None)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     sampler = DistributedSampler(Ids(), shuffle=True, seed=5)
     loader = steadyload.DataLoader(Ids(), batch_size=BATCH, sampler=sampler,
-                                   num_workers=args.workers)  # fmt: skip
+                                   num_workers=args.workers, ledger=args.ledger)  # fmt: skip
     ckpt = args.out / "ckpt.pt"
     start, step = 0, 0
     if ckpt.exists():  # any world size wrote it: rank 0's loader state serves every rank
@@ -75,6 +80,12 @@ def main() -> None:
         every: list[Any] = [None] * world
         dist.all_gather_object(every, mine)  # lockstep, as a gradient all-reduce
         step, taken = step + 1, taken + 1
+        if args.crash_after is not None and taken > args.crash_after:
+            if taken == args.crash_after + 2:  # two steps past the last checkpoint
+                loader.state_dict()  # (its records on disk: what a crash leaves)
+                dist.barrier()
+                os.kill(os.getpid(), signal.SIGKILL)
+            continue
         if rank == 0:
             _commit(args.out, {"epoch": epoch, "step": step, "world": world,
                                "indices": every}, loader)  # fmt: skip

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import logging
 
-SUBCOMMANDS = ("doctor", "bench", "ledger")
+SUBCOMMANDS = ("doctor", "bench", "ledger", "replay")
 """Modules of `steadyload.cli`, one per subcommand, each with ``add_parser(subparsers)``
 (registering a subparser named like the module) and ``run(args) -> int`` (the exit status).
 Adding one is adding its name here."""

@@ -30,6 +30,7 @@ DOCUMENTED = [
     "ledger_samples",
     "per_worker",
     "prestart",
+    "replay",
     "report_every",
 ]
 

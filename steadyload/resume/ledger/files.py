@@ -143,17 +143,6 @@ class _Flusher:
             del writers, writer
 
 
-    def flush_all(self) -> None:
-        """Flush every open writer (at interpreter exit: the thread is a daemon)."""
-        with self._lock:
-            writers = list(self._writers)
-        for writer in writers:
-            try:
-                writer.flush()
-            except OSError:
-                pass
-
-
 _flusher = _Flusher()
 atexit.register(_flusher.flush_all)
 

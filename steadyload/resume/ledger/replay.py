@@ -77,7 +77,7 @@ def replay(
             "worker and keys it came from, not how to read it again.",
             "use the keys (webdataset's __key__, or ledger_key=) to find the samples.",
         )
-    line = resolve(folder).epoch_line(epoch, record.rank)
+    line = resolve(folder).epoch_line(epoch, record.rank, segment=record.segment) or {}
     seeder = None
     if line.get("sample_seeds"):
         seeder = SampleSeeder(int(line["base_seed"]))
@@ -103,3 +103,6 @@ def replay(
     )
     with KeepCallerRngs():  # seeding must not change the caller's RNGs
         return fetcher.fetch(record.indices)
+
+
+replay.__module__ = "steadyload"  # its public name (see steadyload/__init__.py)

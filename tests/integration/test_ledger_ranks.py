@@ -1,0 +1,43 @@
+"""The ledger under torchrun (gloo, CPU; tests/elastic_job.py): a run on N ranks crashes two
+steps after its last checkpoint, a run on M ranks resumes from it, and `verify` proves
+every epoch exactly once over all ranks and both runs, the crashed steps superseded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from steadyload.resume.ledger.verify import verify
+from tests import elastic_job
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(300)
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _torchrun(out: Path, ranks: int, *flags: str, crash: bool = False) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc_per_node={ranks}", "-m", "tests.elastic_job", str(out), *flags],
+        cwd=ROOT, env=ENV, timeout=240, capture_output=True, text=True,
+    )  # fmt: skip
+    assert (proc.returncode != 0) == crash, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+@pytest.mark.parametrize(("first", "then"), [(2, 3), (4, 2)])
+def test_a_crashed_run_resumed_on_other_ranks_verifies_exactly_once(
+    tmp_path: Path, first: int, then: int
+) -> None:
+    ledger = str(tmp_path / "ledger")
+    _torchrun(tmp_path, first, "--ledger", ledger, "--crash-after", "3", "--workers", "2",
+              crash=True)  # fmt: skip
+    _torchrun(tmp_path, then, "--ledger", ledger, "--workers", "2", "--kill-worker")
+    verdict = verify(ledger)
+    assert verdict.ok, str(verdict)
+    assert [e.epoch for e in verdict.epochs] == list(range(elastic_job.EPOCHS))
+    superseded = {(x.step.rank, x.step.epoch, x.step.step) for x in verdict.timeline.superseded}
+    assert superseded == {(r, 0, k) for r in range(first) for k in (3, 4)}
