@@ -150,13 +150,17 @@ class Checkpoints:
         if self.ledger is None or self._start is None:
             return
         options = getattr(loader, "_options", None)
+        start, rest = self._start, None
+        if start.redealt and start.sharding is not None:  # this rank's share of the rest
+            rest = shards.epoch_batches(start.sharding, dataset_len(loader), loader.drop_last)
         self.ledger.begin_epoch(
             loader,
             self.epoch,
             int(it._base_seed),
             first_step,
-            self._start.sharding,
+            start.sharding,
             sample_seeds=bool(getattr(options, "sample_seeds", False)),
+            rest=rest,
         )
 
     def use_ledger(self, folder: str | None, key: Callable[[Any], Any] | None) -> None:

@@ -82,8 +82,10 @@ class Recorder:
         first_step: int,
         sharding: dict[str, Any] | None,
         sample_seeds: bool,
+        rest: int | None = None,
     ) -> None:
-        """Epoch ``epoch`` begins at step ``first_step`` (a resumed one: the state's)."""
+        """Epoch ``epoch`` begins at step ``first_step`` (a resumed one: the state's);
+        ``rest``: the batches of a rest dealt again to this rank (an elastic resume)."""
         if self._writer is None:
             self._open(loader)
         self._epoch = epoch
@@ -94,7 +96,8 @@ class Recorder:
                 "base_seed": base_seed,
                 "sample_seeds": sample_seeds,
                 "first_step": first_step,
-                "length": _length(loader),
+                "length": _length(loader) if rest is None else first_step + rest,
+                "redealt": rest is not None,
                 "plan": _plan(loader),
                 "deal": shards.deal_plan(loader, sharding),
                 "batch_size": loader.batch_size,

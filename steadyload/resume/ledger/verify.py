@@ -91,6 +91,8 @@ def _total(line: dict[str, Any], n: int | None) -> int | None:
     """The step after the last of a rank's epoch as its line deals it (a rest dealt again
     on an elastic resume: its first step plus the rest's batches)."""
     length, deal = line.get("length"), line.get("deal") or {}
+    if line.get("redealt") and length is not None:  # recorded as dealt (first step + rest)
+        return int(length)
     if not deal.get("offset") or n is None or length is None:
         return None if length is None else int(length)
     batch, replicas = line.get("batch_size") or 1, int(deal["replicas"])
