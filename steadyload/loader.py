@@ -158,7 +158,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     ) -> None:
         # "auto" becomes a count before torch validates it (tuning.py; seconds at most).
         num_workers, auto = resolve_num_workers(
-            num_workers, dataset, batch_size, batch_sampler, collate_fn, prefetch_factor,
+            num_workers,
+            dataset,
+            batch_size,
+            batch_sampler,
+            collate_fn,
+            prefetch_factor,
             persistent_workers,
         )
         self._auto: AutoChoice | None = auto
@@ -360,15 +365,28 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """`state_dict` as it was at ``mark``; raises as `state_dict` does."""
         return self._checkpoints.save(self, at=mark)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(
+        self, state_dict: dict[str, Any], *, skip_samples: Iterable[int] | None = None
+    ) -> None:
         """Resume from `state_dict`'s result: the next ``iter(loader)`` continues that epoch.
+
+        ``skip_samples`` (dataset indices) leaves those samples out of the rest of the epoch
+        (of the next one, for a state saved between epochs), e.g. the samples of the steps
+        before a loss spike: the batches up to the saved position are as before, the rest is
+        the epoch's own order without them, batched again (``batch_size``, ``drop_last``),
+        and states saved later in that epoch keep the skip. On ranks sharded by
+        DistributedSampler (or accelerate), pass the same indices on every rank: the rest is
+        dealt to the ranks again without them, so every other sample is still seen once.
+        Indices loaded before the saved position cannot be skipped: a UserWarning names
+        them when the epoch begins. See docs/guide/resume.md.
 
         Raises:
             ValueError: not a steadyload loader state, another version, or a loader built
                 differently (dataset length, batch size, drop_last; for a state that holds
-                the dataset's own state per worker, ``num_workers``), with what to do.
+                the dataset's own state per worker, ``num_workers``), with what to do;
+                ``skip_samples`` not indices of the dataset, or an IterableDataset.
         """
-        self._checkpoints.load(self, state_dict)
+        self._checkpoints.load(self, state_dict, skip_samples)
         live = self._iterator  # torch keeps it only for persistent workers
         if isinstance(live, WorkerIterator):
             # Persistent workers were configured with the old base seed: start afresh.

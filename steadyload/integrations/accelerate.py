@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -180,13 +181,16 @@ def _install_state_hooks(shard: Any) -> None:
             state[_NEXT_ITERATION] = next_iteration
         return state
 
-    def load_state_dict(state_dict: dict[str, Any]) -> None:
-        """Resume from `state_dict`'s result: the next epoch continues the saved one."""
+    def load_state_dict(
+        state_dict: dict[str, Any], *, skip_samples: Iterable[int] | None = None
+    ) -> None:
+        """Resume from `state_dict`'s result: the next epoch continues the saved one
+        (without ``skip_samples``, as `steadyload.DataLoader.load_state_dict` says)."""
         me = _alive(ref)
         state = dict(state_dict)
         next_iteration = state.pop(_NEXT_ITERATION, None)
         state.pop("_iterator_finished", None)
-        me.base_dataloader.load_state_dict(state)
+        me.base_dataloader.load_state_dict(state, skip_samples=skip_samples)
         if next_iteration is not None and hasattr(me, "iteration"):
             me.iteration = next_iteration
         _update_state_dict()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch.utils.data as tud
@@ -153,8 +153,10 @@ class _Position:
             return self._loader.state_dict()  # not iterated since built or loaded
         return self._loader._state_dict_at(self._mark)  # raises as state_dict() does
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._loader.load_state_dict(state_dict)
+    def load_state_dict(
+        self, state_dict: dict[str, Any], *, skip_samples: Iterable[int] | None = None
+    ) -> None:
+        self._loader.load_state_dict(state_dict, skip_samples=skip_samples)
         self._mark = None
 
 

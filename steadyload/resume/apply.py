@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.utils.data as tud
 
-from . import shards
+from . import shards, skip_samples
 from .epoch_order import (
     ITERATOR,
     EpochStart,
@@ -40,9 +40,9 @@ def replay(
     ``generator`` draws its permutation then), and gives the caller's global state back.
     Returns the epoch start, the indices to load and what was yielded.
 
-    Saved on another number of ranks (or in an epoch that was re-dealt so), the rest of the
-    epoch is dealt again to this loader's ranks (`shards`): a new dealing, none of it
-    yielded yet.
+    Saved on another number of ranks (or in an epoch that was re-dealt so, or with skipped
+    samples), the rest of the epoch is dealt again to this loader's ranks (`shards`): a new
+    dealing, none of it yielded yet. Skipped samples (`skip_samples`) leave the order.
     """
     caller_rng = torch.get_rng_state()
     set_generators(loader, resume.rng, include_global=True)
@@ -55,7 +55,10 @@ def replay(
         first = shards.consumed(resume.sharding, resume.yielded.prefix)
         start = capture(loader, resume.epoch, base_seed, None)
         start.sharding, start.redealt = shards.of(loader, resume.sharding, offset=first), True
-        rest = shards.rest_batches(loader, first, resume.dealt, resume.distributed_epoch)
+        start.skip = resume.stages
+        rest = shards.rest_batches(
+            loader, first, resume.dealt, resume.distributed_epoch, resume.stages, bool(resume.skip)
+        )
         indices = Indices(rest)
         indices.prime()
         torch.set_rng_state(caller_rng)
@@ -74,8 +77,27 @@ def replay(
             )
         held[1].load_state_dict(copy.deepcopy(resume.samplers[saved]))
     start = capture(loader, resume.epoch, base_seed, held)
+    if resume.stages:
+        start.skip = resume.stages
+        how = skip_samples.batching(loader, index_sampler)
+        source = skip_samples.staged(source, resume.stages, how, warn=bool(resume.skip))
     yielded = YieldedBatches(resume.yielded.prefix, set(resume.yielded.beyond))
     indices = Indices(source, skip=yielded)
     indices.prime()
     torch.set_rng_state(caller_rng)
     return start, indices, YieldedBatches(yielded.prefix, set(yielded.beyond))
+
+
+def skipping(loader: tud.DataLoader[Any], index_sampler: Any, source: Any, resume: Resume) -> Any:
+    """The index batches of the epoch after a state saved between epochs, without the
+    samples its skips name (``source``: the epoch's own). A loader dealt to ranks has the
+    order filtered, then dealt (`shards.rest_batches` from its start), so that every rank
+    keeps as many batches as the others."""
+    warn = bool(resume.skip)
+    now = shards.describe(loader)
+    if now is not None:
+        holder = epoch_holder(loader)
+        epoch = holder.epoch if holder is not None else None
+        return shards.rest_batches(loader, 0, now, epoch, resume.stages, warn)
+    how = skip_samples.batching(loader, index_sampler)
+    return skip_samples.staged(source, resume.stages, how, warn=warn)

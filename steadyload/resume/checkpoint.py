@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -31,7 +31,7 @@ import torch.utils.data as tud
 from ..engine.remote.spec import all_workers
 from ..engine.worker.fetch import ITERABLE, restore_replica
 from . import shards
-from .apply import replay
+from .apply import replay, skipping
 from .epoch_order import (
     EpochStart,
     Indices,
@@ -46,6 +46,7 @@ from .epoch_order import (
 )
 from .ledger.record import Recorder
 from .progress import EpochProgress, fail, persistent, replica_positions, saved_positions
+from .skip_samples import Skip
 from .validate import REPLAY_WHY_FIX, STATE_FORMAT, STATE_VERSION, Resume, check, dataset_len
 
 _LOG = logging.getLogger(__name__)
@@ -92,6 +93,9 @@ class Checkpoints:
         self.consumed: Callable[[], Mark | None] | None = None
         """Where the loop consuming this loader stands, when a wrapper reads ahead of it
         (accelerate's shard takes one batch early): set by the integration that knows."""
+        self.last_skip: Skip | None = None
+        """The skip the latest `load` asked for (``skip_samples``), or None: what was left
+        out on purpose, for a record of the run."""
 
     # -- called by the iterators ---------------------------------------------------------
     def begin_epoch(self, loader: tud.DataLoader[Any], it: Any) -> EpochProgress:
@@ -132,11 +136,14 @@ class Checkpoints:
         if pending is not None:  # saved between epochs (its generators: before_iterator)
             progress.resume_streams = pending.dataset_states
         source, held = sampler_iterator(loader, it._index_sampler, it._sampler_iter)
+        self._start = capture(loader, self.epoch, int(it._base_seed), held)
+        if pending is not None and pending.stages:  # skipped samples, from the epoch's start
+            source = skipping(loader, it._index_sampler, source, pending)
+            self._start.skip = pending.stages
         it._sampler_iter = Indices(source, skip=YieldedBatches(skip) if skip else None)
         if skip:
             progress.yielded = YieldedBatches(skip)  # counted as yielded: later saves are exact
             it._num_yielded = skip
-        self._start = capture(loader, self.epoch, int(it._base_seed), held)
         # The sampler draws now, at iter(), as with workers (torch's in-process loading
         # draws at the first next()): the draws then come in the same order in a resumed
         # run, whose replay draws here too, before a saved dataset state is restored.
@@ -228,13 +235,14 @@ class Checkpoints:
         against ``loader`` (a framework's twin may deal to ranks otherwise: its sharding
         decides how the state resumes)."""
         twin = Checkpoints()
-        twin.epoch, twin._skip = self.epoch, self._skip
+        twin.epoch, twin._skip, twin.last_skip = self.epoch, self._skip, self.last_skip
         twin.ledger = self.ledger  # the same timeline: the twin goes on with its segment
         pending = self._pending
         if pending is not None:
             with warnings.catch_warnings():  # said when the state was loaded
                 warnings.simplefilter("ignore")
-                twin._pending = check(loader, pending.state)
+                twin._pending = check(loader, pending.state)  # (its skips are in the state)
+            twin._pending.skip, twin._pending.skip_from = pending.skip, pending.skip_from
             if pending.dataset_states is None:  # restored in-process already
                 twin._pending.dataset_states = None
         return twin
@@ -346,6 +354,9 @@ class Checkpoints:
             state["sharding"] = {**sharding, "order": dict(sharding["order"])}
         state["world"] = dict(frame["world"])
         state["order"] = list(frame["order"])
+        state["skip"] = [
+            {**s, "beyond": list(s["beyond"]), "samples": list(s["samples"])} for s in frame["skip"]
+        ]
         state["epoch"] = at.epoch
         state["finished"] = at.finished
         state["batches_yielded"] = at.prefix
@@ -379,20 +390,27 @@ class Checkpoints:
             "persistent": persistent(loader),
             "world": shards.world(),
             "order": order_of(loader),
+            "skip": copy.deepcopy(start.skip),
         }
         reason = not_replayable(loader, start.samplers)
         if start is self._start:
             self._frame = (start, frame, reason)
         return frame, reason
 
-    def load(self, loader: tud.DataLoader[Any], state: Any) -> None:
-        """`DataLoader.load_state_dict`: check ``state`` whole (`validate.check`); only then
-        is it parked for the next epoch, which applies it. A state that fails leaves the
-        loader as it was."""
-        resume = check(loader, state)
+    def load(
+        self, loader: tud.DataLoader[Any], state: Any, skip_samples: Iterable[Any] | None = None
+    ) -> None:
+        """`DataLoader.load_state_dict`: check ``state`` (and ``skip_samples``) whole
+        (`validate.check`); only then is it parked for the next epoch, which applies it. A
+        state that fails leaves the loader as it was."""
+        resume = check(loader, state, skip=skip_samples)
         self.epoch = resume.epoch
         self._pending = resume
         if self.ledger is not None:
             epoch, step = (resume.epoch + 1, 0) if resume.finished else (resume.epoch, resume.steps)
-            self.ledger.resumed(state, epoch, step)
+            self.ledger.resumed(state, epoch, step, resume.skip)
         self._skip = 0  # the loaded position supersedes a requested skip
+        self.last_skip = None
+        if resume.skip:
+            epoch = resume.epoch + 1 if resume.finished else resume.epoch
+            self.last_skip = Skip(epoch, resume.skip_from, resume.skip)

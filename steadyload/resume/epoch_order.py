@@ -247,6 +247,8 @@ class EpochStart:
     """How the epoch is dealt to ranks (`shards.describe`), with where its dealing began."""
     redealt: bool = False
     """The rest of an epoch saved on another number of ranks, dealt again (`shards`)."""
+    skip: list[dict[str, Any]] = field(default_factory=list)
+    """The samples skipped on resume in this epoch, as a state keeps them (`skip_samples`)."""
 
 
 def epoch_holder(loader: tud.DataLoader[Any]) -> Any:

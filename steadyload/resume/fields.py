@@ -4,16 +4,18 @@ what was expected; nothing is applied before every check passed."""
 
 from __future__ import annotations
 
+import itertools
 import reprlib
 from collections.abc import Callable
 from typing import Any
 
 from .progress import fail
-from .shards import ACCELERATE, DISTRIBUTED
+from .shards import ACCELERATE, DISTRIBUTED, consumed
 
 STATE_FORMAT = "steadyload.DataLoader"
-STATE_VERSION = 3  # 3: the ranks that saved it ("world") and its sampler kinds ("order")
-_READS = (2, 3)  # 2: without those two (checked as far as they go, with a warning)
+STATE_VERSION = 3  # 3: the ranks that saved it ("world"), its sampler kinds ("order"), the
+# samples skipped on resume ("skip")
+_READS = (2, 3)  # 2: without those three (checked as far as they go, with a warning)
 
 _WHY = (
     "a loader state is what DataLoader.state_dict() returned; this one was damaged or "
@@ -151,6 +153,12 @@ def check_fields(state: dict[str, Any]) -> None:
             lambda v: isinstance(v, list) and all(isinstance(k, str) for k in v),
             "a list of sampler kinds",
         )
+    if state["version"] >= 3 or "skip" in state:
+        _check_skip(state)
+
+
+def _above(low: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(_int(b) and b > low for b in v)
 
 
 def _dict(v: Any) -> bool:
@@ -206,3 +214,45 @@ def _check_positions(saved: dict[str, Any] | None, workers: int) -> None:
     last = _optional(lambda v: _int(v) and 0 <= v < n)
     _get(saved, "last_worker", last, f"None or 0 to {n - 1}", "dataset_states")
     _get(saved, "next_epoch", _bool, "True or False", "dataset_states")
+
+
+def _check_skip(state: dict[str, Any]) -> None:
+    """The skips made at earlier resumes (`skip_samples`): in the order they were made, each
+    after what came before it was consumed, of indices of the dataset."""
+    stages = _get(
+        state,
+        "skip",
+        lambda v: isinstance(v, list) and all(isinstance(s, dict) for s in v),
+        "a list of skips ({'at', 'beyond', 'samples'})",
+    )
+    n, last = state["dataset_len"], 0
+    top = f" below {n}" if n is not None else ""
+    for i, record in enumerate(stages):
+        within = f"skip[{i}]"
+        at = _get(record, "at", _at_least(last), f"an int >= {last} (skips in order)", within)
+        _get(record, "beyond", _above(at), f"a list of batch numbers above {at}", within)
+        _get(
+            record,
+            "samples",
+            lambda v: (
+                isinstance(v, list)
+                and all(_int(x) and 0 <= x and (n is None or x < n) for x in v)
+                and all(a < b for a, b in itertools.pairwise(v))
+            ),
+            f"a sorted list of distinct dataset indices (ints >= 0{top})",
+            within,
+        )
+        last = at
+    sharding = state["sharding"]
+    if state["finished"]:
+        bound, what = 0, "0 (a state saved between epochs skips from the next one's start)"
+    elif sharding is None:
+        bound = state["batches_yielded"]
+        what = f"at most batches_yielded ({bound})"
+    elif sharding["per_batch"] is not None:
+        bound = consumed(sharding, state["batches_yielded"])
+        what = f"at most {bound}, the part of the order the ranks had consumed"
+    else:
+        return  # (a sharding steadyload does not deal: refused with skips, `skip_samples`)
+    if stages and last > bound:
+        raise bad(f"skip[{len(stages) - 1}]['at']", f"is {last}", what)

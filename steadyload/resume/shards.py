@@ -28,6 +28,8 @@ from typing import Any
 import torch.utils.data as tud
 from torch.utils.data.distributed import DistributedSampler
 
+from . import skip_samples
+
 DISTRIBUTED = "torch.DistributedSampler"
 ACCELERATE = "accelerate.BatchSamplerShard"
 _SHARD = "accelerate.data_loader.BatchSamplerShard"
@@ -210,10 +212,12 @@ def mismatch(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> str | 
     return None
 
 
-def refusal(state: dict[str, Any], now: dict[str, Any] | None) -> tuple[str, str, str] | None:
+def refusal(
+    state: dict[str, Any], now: dict[str, Any] | None, skip: bool = False
+) -> tuple[str, str, str] | None:
     """Why a loader state cannot resume on a loader sharded as ``now`` (what, why, fix), or
     None: its epoch was dealt otherwise, or its rest cannot be dealt again to ``now``'s
-    ranks."""
+    ranks (``skip``: samples leave the epoch, so its rest is dealt again on any ranks)."""
     saved = state["sharding"]
     differs = mismatch(saved, now)
     if differs is not None:
@@ -228,9 +232,11 @@ def refusal(state: dict[str, Any], now: dict[str, Any] | None) -> tuple[str, str
                 "of ranks may differ."
             ),
         )
-    if state["finished"] or saved is None or now is None or not elastic(saved, now):
+    if state["finished"] or saved is None or now is None or not (skip or elastic(saved, now)):
         return None
     moved = f"saved on {saved['replicas']} ranks, resumed on {now['replicas']}"
+    if not elastic(saved, now):
+        moved = "resumed with skip_samples (its rest is dealt to the ranks again)"
     if not (now["exact"] and saved["exact"]):
         return (
             (
@@ -255,12 +261,15 @@ def refusal(state: dict[str, Any], now: dict[str, Any] | None) -> tuple[str, str
                 f"{state['batches_yielded']})."
             ),
             (
-                "resuming on another number of ranks relies on every rank having yielded the same "
+                "dealing the rest of the epoch again relies on every rank having yielded the same "
                 "first batches (lockstep), which out-of-order batches do not promise."
             ),
-            "resume on the same number of ranks, or train with in_order=True.",
+            (
+                "resume on the same number of ranks without skip_samples, or train with "
+                "in_order=True."
+            ),
         )
-    if state["dataset_states"] is not None:
+    if state["dataset_states"] is not None and saved["replicas"] != now["replicas"]:
         return (
             f"this loader state was {moved}, and it holds the dataset's own state per worker.",
             "a dataset's own position (a stream's) cannot be dealt to other ranks.",
@@ -305,13 +314,20 @@ class _Batches:
 
 
 def rest_batches(
-    loader: tud.DataLoader[Any], start: int, now: dict[str, Any], epoch: int | None
+    loader: tud.DataLoader[Any],
+    start: int,
+    now: dict[str, Any],
+    epoch: int | None,
+    stages: list[dict[str, Any]] | None = None,
+    warn: bool = False,
 ) -> Iterator[Any]:
     """This rank's index batches (or indices, without batching) for the rest of the epoch
     from unit ``start`` of its order on, the loader being sharded as ``now`` (`of`); the
     order is drawn here, from the loader's samplers as they are now (the caller has set
     them to the epoch's start) or, in one process, from the saved sampler's arguments and
-    the DistributedSampler's ``epoch``."""
+    the DistributedSampler's ``epoch``. ``stages``: skipped samples leave the order before
+    it is dealt (`skip_samples.staged`; ``warn``: the last is a new skip)."""
+    stages = stages or []
     replicas, rank = now["replicas"], now["rank"]
     if now["kind"] == DISTRIBUTED:
         sampler = _distributed(loader)
@@ -324,16 +340,19 @@ def rest_batches(
         whole = copy.copy(sampler)  # one replica, nothing padded: the epoch's order itself
         whole.num_replicas, whole.rank, whole.drop_last = 1, 0, False
         whole.num_samples = whole.total_size = len(sampler.dataset)
-        share = _deal(list(whole), start, replicas, rank, now["order"]["drop_last"])
+        order = list(skip_samples.staged(whole, stages, skip_samples.INDICES, warn=warn))
+        share = _deal(order, start, replicas, rank, now["order"]["drop_last"])
         if not loader._auto_collation:
             return iter(share)
         batches: Any = loader.batch_sampler
         return iter(tud.BatchSampler(share, batches.batch_size, batches.drop_last))
     shard: Any = loader.batch_sampler
     if qualname(shard) != _SHARD:  # one process: its batch sampler is the batch order
-        return iter(list(shard)[start:])
+        how = skip_samples.of_batches(shard)
+        return iter(list(skip_samples.staged(shard, stages, how, warn=warn))[start:])
     inner = shard.batch_sampler
-    rest = list(inner)[start:]
+    how = skip_samples.of_batches(inner)
+    rest = list(skip_samples.staged(inner, stages, how, warn=warn))[start:]
     again = type(shard)(
         _Batches(rest, getattr(inner, "batch_size", None), getattr(inner, "drop_last", False)),
         num_processes=replicas,

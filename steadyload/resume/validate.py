@@ -13,7 +13,8 @@ from __future__ import annotations
 import binascii
 import copy
 import warnings
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ import torch.utils.data as tud
 
 from ..engine.remote.spec import all_workers
 from ..engine.worker.fetch import ITERABLE, stateful
-from . import fields, shards
+from . import fields, shards, skip_samples
 from .epoch_order import (
     GLOBAL,
     ITERATOR,
@@ -75,6 +76,12 @@ class Resume:
     steps: int = 0
     """The steps of the epoch done at the state (the ledger's count: across a dealing again
     to other ranks it goes on, where ``yielded`` counts the new dealing's batches)."""
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    """The epoch's skips (the state's ``skip``, and this load's last): `skip_samples`."""
+    skip: frozenset[int] = frozenset()
+    """The samples this load skips (``skip_samples``), or none."""
+    skip_from: int = 0
+    """This rank's batches before the skip (0: from the start of the next epoch)."""
 
 
 def dataset_len(loader: tud.DataLoader[Any]) -> int | None:
@@ -85,19 +92,28 @@ def dataset_len(loader: tud.DataLoader[Any]) -> int | None:
         return None
 
 
-def check(loader: tud.DataLoader[Any], state: Any) -> Resume:
-    """``state`` checked against ``loader``, as a `Resume`; warns when it resumes the epoch
-    but later epochs will differ.
+def check(loader: tud.DataLoader[Any], state: Any, skip: Iterable[Any] | None = None) -> Resume:
+    """``state`` checked against ``loader``, as a `Resume`, with the samples ``skip`` names
+    left out of the rest of the epoch (`skip_samples`); warns when it resumes the epoch but
+    later epochs will differ.
 
     Raises:
         ValueError: a field is missing or out of range (named, with the value found and what
-            was expected), or the state cannot resume this loader exactly (what, why, fix).
+            was expected), ``skip`` is not dataset indices, or the state cannot resume this
+            loader exactly (what, why, fix).
     """
     fields.check_format(state)
     fields.check_fields(state)
-    _check_fits(loader, state)
     saved, dealt = state["sharding"], shards.of(loader, state["sharding"])
-    refused = shards.refusal(state, dealt)
+    drop = skip_samples.requested(loader, skip, saved, dealt)
+    stages = copy.deepcopy(state.get("skip", []))
+    finished, yielded = state["finished"], state["batches_yielded"]
+    if drop:
+        at = yielded if saved is None else shards.consumed(saved, yielded)
+        beyond = state["yielded_beyond"] if saved is None else []  # (sharded: refused)
+        stages.append(skip_samples.stage(0 if finished else at, [] if finished else beyond, drop))
+    _check_fits(loader, state)
+    refused = shards.refusal(state, dealt, skip=bool(stages))
     if refused is not None:
         raise fail(*refused)
     _check_order(loader, state)  # (first: another sampler is the plainer cause)
@@ -108,7 +124,9 @@ def check(loader: tud.DataLoader[Any], state: Any) -> Resume:
             "steadyload cannot resume this DataLoader mid-epoch: " + reason + ".",
             *REPLAY_WHY_FIX,
         )
-    redeal = bool(saved is not None and dealt is not None and shards.elastic(saved, dealt))
+    redeal = bool(
+        saved is not None and dealt is not None and (stages or shards.elastic(saved, dealt))
+    )
     _check_count(loader, state, redeal)
     rng = _decoded_rng(loader, state)
     base_seed = state["base_seed"]
@@ -139,12 +157,16 @@ def check(loader: tud.DataLoader[Any], state: Any) -> Resume:
             UserWarning,
             stacklevel=4,
         )
+    if drop and saved is None and shards.world()["size"] > 1:
+        skip_samples.warn_unsharded(shards.world()["size"])
     kept = copy.deepcopy(state)
+    if drop:  # the state as a state_dict() taken right after this resume would be
+        kept["skip"], kept["yielded_beyond"] = copy.deepcopy(stages), []
     return Resume(
         state=kept,
         epoch=state["epoch"],
         finished=state["finished"],
-        yielded=YieldedBatches(state["batches_yielded"], set(state["yielded_beyond"])),
+        yielded=YieldedBatches(yielded, set(kept["yielded_beyond"])),
         base_seed=base_seed,
         rng=rng,
         samplers=kept["samplers"],
@@ -154,6 +176,9 @@ def check(loader: tud.DataLoader[Any], state: Any) -> Resume:
         redeal=redeal,
         dataset_states=copy.deepcopy(state["dataset_states"]),
         steps=_steps(state),
+        stages=stages,
+        skip=drop,
+        skip_from=0 if finished else yielded,
     )
 
 
