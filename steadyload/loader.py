@@ -106,13 +106,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             loop waits for data, or `steadyload.RemoteWorkers` for placement. They serve
             beside the ``num_workers`` local ones (worker ids after theirs), with every
             promise above; see docs/guide/remote.md.
-        ledger: a folder to record what every step trained on (epoch, step, dataset indices,
-            worker, and what touched the batch: a re-run, a skipped sample, a resume), for
-            ``steadyload ledger verify`` (exactly once, across ranks and resumes),
-            ``show``, `steadyload.replay` and ``load_state_dict(skip_samples=...)``; one
-            file per rank and run, append-only. See docs/guide/ledger.md.
-        ledger_key: for an IterableDataset, a function of a batch returning its samples'
-            keys for the ledger (webdataset's ``__key__`` is read without it).
+        ledger: a folder recording what every step trained on (indices, worker, re-runs,
+            skips, resumes), one append-only file per rank and run, for ``steadyload
+            ledger verify``, ``show`` and `steadyload.replay`. See docs/guide/ledger.md.
+        ledger_key: for an IterableDataset, a function of a batch giving its samples' keys
+            for the ledger (webdataset's ``__key__`` is read without it).
 
     ``snapshot_every_n_steps`` (torchdata's keyword) is accepted and changes nothing: the
     `state_dict` is exact after every batch (each batch carries its worker's position).
@@ -158,12 +156,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     ) -> None:
         # "auto" becomes a count before torch validates it (tuning.py; seconds at most).
         num_workers, auto = resolve_num_workers(
-            num_workers,
-            dataset,
-            batch_size,
-            batch_sampler,
-            collate_fn,
-            prefetch_factor,
+            num_workers, dataset, batch_size, batch_sampler, collate_fn, prefetch_factor,
             persistent_workers,
         )
         self._auto: AutoChoice | None = auto
@@ -370,21 +363,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     ) -> None:
         """Resume from `state_dict`'s result: the next ``iter(loader)`` continues that epoch.
 
-        ``skip_samples`` (dataset indices) leaves those samples out of the rest of the epoch
-        (of the next one, for a state saved between epochs), e.g. the samples of the steps
-        before a loss spike: the batches up to the saved position are as before, the rest is
-        the epoch's own order without them, batched again (``batch_size``, ``drop_last``),
-        and states saved later in that epoch keep the skip. On ranks sharded by
-        DistributedSampler (or accelerate), pass the same indices on every rank: the rest is
-        dealt to the ranks again without them, so every other sample is still seen once.
-        Indices loaded before the saved position cannot be skipped: a UserWarning names
-        them when the epoch begins. See docs/guide/resume.md.
+        ``skip_samples`` (dataset indices, e.g. a loss spike's: `steadyload.ledger_samples`)
+        leaves them out of the rest of the epoch (the next, for a state saved between
+        epochs), batched again; later states keep it. Sharded ranks pass the same indices:
+        every other sample once. See docs/guide/resume.md.
 
         Raises:
             ValueError: not a steadyload loader state, another version, or a loader built
                 differently (dataset length, batch size, drop_last; for a state that holds
-                the dataset's own state per worker, ``num_workers``), with what to do;
-                ``skip_samples`` not indices of the dataset, or an IterableDataset.
+                the dataset's own state per worker, ``num_workers``), with what to do; bad
+                ``skip_samples``.
         """
         self._checkpoints.load(self, state_dict, skip_samples)
         live = self._iterator  # torch keeps it only for persistent workers

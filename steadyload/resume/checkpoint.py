@@ -44,7 +44,7 @@ from .epoch_order import (
     sampler_iterator,
     set_generators,
 )
-from .ledger.record import Recorder
+from .ledger.record import Recorder, recorder_for
 from .progress import EpochProgress, fail, persistent, replica_positions, saved_positions
 from .skip_samples import Skip
 from .validate import REPLAY_WHY_FIX, STATE_FORMAT, STATE_VERSION, Resume, check, dataset_len
@@ -154,30 +154,12 @@ class Checkpoints:
 
     def _record_epoch(self, loader: tud.DataLoader[Any], it: Any, first_step: int) -> None:
         """Tell the ledger (if any) that the epoch begins, at step ``first_step``."""
-        if self.ledger is None or self._start is None:
-            return
-        options = getattr(loader, "_options", None)
-        start, rest = self._start, None
-        if start.redealt and start.sharding is not None:  # this rank's share of the rest
-            rest = shards.epoch_batches(start.sharding, dataset_len(loader), loader.drop_last)
-        self.ledger.begin_epoch(
-            loader,
-            self.epoch,
-            int(it._base_seed),
-            first_step,
-            start.sharding,
-            sample_seeds=bool(getattr(options, "sample_seeds", False)),
-            rest=rest,
-        )
+        if self.ledger is not None and self._start is not None:
+            self.ledger.begin_epoch(loader, self.epoch, int(it._base_seed), first_step, self._start)
 
     def use_ledger(self, folder: str | None, key: Callable[[Any], Any] | None) -> None:
         """Record into ``folder`` from now on (None: stop); the same folder goes on."""
-        if folder is None:
-            self.ledger = None
-        elif self.ledger is None or self.ledger.folder != folder:
-            self.ledger = Recorder(folder, key)
-        else:
-            self.ledger.key = key
+        self.ledger = recorder_for(self.ledger, folder, key)
 
     def _left_redealt(self) -> bool:
         """Whether the latest epoch is an elastic resume's re-dealt rest, not run to its end."""

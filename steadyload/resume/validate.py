@@ -32,10 +32,10 @@ from .epoch_order import (
     not_replayable,
     order_of,
     reseeded,
-    sampler_at,
     stateful_samplers,
 )
 from .progress import fail, persistent
+from .ranks import another_rank, check_world
 
 STATE_FORMAT = fields.STATE_FORMAT
 STATE_VERSION = fields.STATE_VERSION
@@ -117,7 +117,7 @@ def check(loader: tud.DataLoader[Any], state: Any, skip: Iterable[Any] | None = 
     if refused is not None:
         raise fail(*refused)
     _check_order(loader, state)  # (first: another sampler is the plainer cause)
-    _check_world(loader, state, dealt)
+    check_world(loader, state, dealt)
     reason = not_replayable(loader, state["samplers"])
     if reason is not None and not state["finished"]:
         raise fail(
@@ -130,7 +130,7 @@ def check(loader: tud.DataLoader[Any], state: Any, skip: Iterable[Any] | None = 
     _check_count(loader, state, redeal)
     rng = _decoded_rng(loader, state)
     base_seed = state["base_seed"]
-    if _another_rank(state, dealt):
+    if another_rank(state, dealt):
         # Another rank's state (a framework keeps rank 0's; a resume on more ranks): its base
         # seed and torch's global generator are that rank's, and taking them would make this
         # rank's workers and random draws repeat that rank's.
@@ -234,64 +234,6 @@ def _check_fits(loader: tud.DataLoader[Any], state: dict[str, Any]) -> None:
         )
 
 
-def _check_world(
-    loader: tud.DataLoader[Any], state: dict[str, Any], dealt: dict[str, Any] | None
-) -> None:
-    """A state loaded on another rank or number of ranks than saved it: refused unless
-    steadyload deals the epoch to ranks itself (`shards`) and nothing in it is one rank's
-    own (a dataset's position per worker)."""
-    saved_world, now = state.get("world"), shards.world()
-    saved = state["sharding"]
-    known = saved is not None and dealt is not None
-    if known:
-        assert saved is not None and dealt is not None
-        moved = (saved["replicas"], saved["rank"]) != (dealt["replicas"], dealt["rank"])
-        where = f"rank {saved['rank']} of {saved['replicas']}"
-        here = f"rank {dealt['rank']} of {dealt['replicas']}"
-    else:
-        if saved_world is None:  # (an earlier version's state: said by check's warning)
-            return
-        moved = saved_world != now
-        where = f"rank {saved_world['rank']} of {saved_world['size']}"
-        here = f"rank {now['rank']} of {now['size']}"
-    if not moved:
-        return
-    iterable = loader._dataset_kind == ITERABLE
-    what = None
-    if state["dataset_states"] is not None:
-        what = (
-            f"the position of {type(loader.dataset).__qualname__}, which keeps its own state "
-            "(state_dict()) per worker"
-        )
-    elif not known:
-        held = list(state["samplers"])
-        if held:
-            sampler = sampler_at(loader, held[0].removesuffix(ITERATOR))
-            kind = type(sampler).__qualname__ if sampler is not None else held[0]
-            what = f"the position of {kind}, a sampler with its own state_dict()"
-        elif not iterable:
-            kinds = order_of(loader)
-            what = f"the order of the loader's {_kinds(kinds[-1:]) if kinds else 'sampler'}"
-    if what is None:
-        return  # a stream without a position of its own: nothing of the saving rank's is used
-    raise fail(
-        f"this loader state was saved on {where} and is loaded on {here}; steadyload cannot "
-        f"deal {what} to other ranks.",
-        (
-            "a state says where one rank stood. steadyload deals the rest of an epoch again "
-            "only for torch's DistributedSampler and accelerate's sharding, whose order it "
-            f"knows; anything else in the state is {where}'s own, and on this rank it would "
-            "repeat that rank's samples and skip this rank's."
-        ),
-        (
-            "resume on the same ranks, each loading the state it saved (save "
-            "loader.state_dict() on every rank); or shard with torch's DistributedSampler (or "
-            "accelerate), which resume on any number of ranks; or start this epoch afresh "
-            "(do not load the state)."
-        ),
-    )
-
-
 def _check_order(loader: tud.DataLoader[Any], state: dict[str, Any]) -> None:
     """The state's order comes from samplers of the same kinds, with the same generators
     and sampler states, as this loader's (not checked when this one process deals the rest
@@ -393,13 +335,3 @@ def _decoded_rng(loader: tud.DataLoader[Any], state: dict[str, Any]) -> dict[str
             ) from None
         out[key] = decoded
     return out
-
-
-def _another_rank(state: dict[str, Any], dealt: dict[str, Any] | None) -> bool:
-    """Whether the state is another rank's (of a run that steadyload deals, or of a stream
-    that keeps nothing of the rank's own: `_check_world` let it through)."""
-    saved = state["sharding"]
-    if saved is not None and dealt is not None:
-        return bool(saved["rank"] != dealt["rank"])
-    world = state.get("world")
-    return world is not None and world != shards.world()

@@ -39,6 +39,18 @@ _FULL = frozenset(
 )
 
 
+def recorder_for(
+    current: Recorder | None, folder: str | None, key: Callable[[Any], Any] | None
+) -> Recorder | None:
+    """The recorder for ``folder`` (None: none): ``current`` when it records there already."""
+    if folder is None:
+        return None
+    if current is None or current.folder != folder:
+        return Recorder(folder, key)
+    current.key = key
+    return current
+
+
 def token_after(parent: str | None, epoch: int, step: int, skip: Iterable[int] = ()) -> str:
     """The token of a timeline resumed from ``parent`` at (epoch, step): the same on every
     rank that loads a state of that point, so their segments group together."""
@@ -75,17 +87,16 @@ class Recorder:
         }
 
     def begin_epoch(
-        self,
-        loader: tud.DataLoader[Any],
-        epoch: int,
-        base_seed: int,
-        first_step: int,
-        sharding: dict[str, Any] | None,
-        sample_seeds: bool,
-        rest: int | None = None,
+        self, loader: tud.DataLoader[Any], epoch: int, base_seed: int, first_step: int, start: Any
     ) -> None:
         """Epoch ``epoch`` begins at step ``first_step`` (a resumed one: the state's);
-        ``rest``: the batches of a rest dealt again to this rank (an elastic resume)."""
+        ``start`` is what decides it (`epoch_order.EpochStart`: its sharding, and whether
+        it is a rest dealt again to this rank, whose batches are then its length)."""
+        sharding, rest = start.sharding, None
+        if start.redealt and sharding is not None:
+            rest = shards.epoch_batches(sharding, _size(loader.dataset), loader.drop_last)
+        options = getattr(loader, "_options", None)
+        sample_seeds = bool(getattr(options, "sample_seeds", False))
         if self._writer is None:
             self._open(loader)
         self._epoch = epoch
@@ -110,10 +121,7 @@ class Recorder:
         header = dict(self._next)
         self.token = header["token"]
         dataset = loader.dataset
-        try:
-            size = len(dataset)  # type: ignore[arg-type]
-        except TypeError:
-            size = None
+        size = _size(dataset)
         header.update(
             rank=world["rank"],
             world=world["size"],
@@ -177,6 +185,14 @@ class Recorder:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def _size(dataset: Any) -> int | None:
+    """``len(dataset)``, or None for a stream without one."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
 
 
 def _length(loader: tud.DataLoader[Any]) -> int | None:
