@@ -126,8 +126,8 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
         """The epoch ended: its position is kept as it is now (a state saved between epochs
         holds it), without keeping the fetcher, and with it the stream, alive."""
         self._progress.finished = True
-        if self._ledger is not None:  # the epoch's steps on disk as it ends
-            self._ledger.flush()
+        if self._ledger is not None:  # (and every step of it on disk)
+            self._ledger.end_epoch(self._progress.step_base + self._progress.yielded.count)
         try:
             blob = self._fetcher.position()
         except Exception:  # said when a state is asked for: keep asking the fetcher

@@ -312,7 +312,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
                 self._progress.ended = dict(self._ended)
                 self._progress.finished = True
                 if self._ledger is not None:
-                    self._ledger.flush()  # the epoch's steps on disk as it ends
+                    self._ledger.end_epoch(self._progress.step_base + self._progress.yielded.count)
                 raise StopIteration
             task_id, task = head
             if task.has_outcome and self._can_deliver(task):

@@ -17,6 +17,7 @@ import torch
 
 import steadyload
 from steadyload.resume.ledger.files import read_folder
+from steadyload.resume.ledger.verify import verify
 from tests.conftest import wait_until
 from tests.datasets import FaultOnce, MapDS, StatefulStream
 
@@ -125,8 +126,10 @@ def test_a_sample_skipped_on_error_is_an_event(tmp_path: Path) -> None:
     list(loader)
     del loader
     [segment] = read_folder(tmp_path / "ledger")
-    assert [(e["e"], e["index"]) for e in segment.events] == [(0, 5)]
-    assert "sample 5 is corrupt" in segment.events[0]["cause"]
+    skips = [e for e in segment.events if e["ev"] == "skip"]
+    assert [(e["e"], e["index"]) for e in skips] == [(0, 5)]
+    assert "sample 5 is corrupt" in skips[0]["cause"]
+    assert segment.events[-1] == {"ev": "end", "e": 0, "steps": N // BATCH}
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -177,3 +180,31 @@ def test_a_torn_last_line_is_ignored_and_the_lines_before_it_kept(tmp_path: Path
     [segment] = read_folder(tmp_path)
     assert segment.torn and len(segment.steps) == N // BATCH
     json.loads(path.read_text().splitlines()[1])  # the lines before it are whole
+
+
+def test_the_story_a_spike_found_replayed_skipped_on_resume_and_the_epoch_proved(
+    tmp_path: Path,
+) -> None:
+    """docs/guide/ledger.md, end to end: steps 4-5 of a run spiked; resume from the state
+    of step 3 without their samples; verify accounts for them as skipped on purpose."""
+    loader = _loader(tmp_path, sample_seeds=True)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()  # the checkpoint of step 3
+    spiked = [next(it), next(it)]  # steps 3 and 4; then the run is stopped
+    del it, loader
+    wait_until(lambda: len(_steps(tmp_path)) == 5, 5, what="the flusher to write steps 3, 4")
+    bad = steadyload.ledger_samples(tmp_path, epoch=0, steps=range(3, 5))
+    assert bad == sorted(int(i) for b in spiked for i in b)
+    again = steadyload.replay(_loader(None, 0, sample_seeds=True), tmp_path, epoch=0, step=4)
+    assert torch.equal(again, spiked[1])
+    resumed = _loader(tmp_path, sample_seeds=True)
+    resumed.load_state_dict(state, skip_samples=bad)
+    rest = [int(i) for b in resumed for i in b]
+    del resumed
+    assert not set(rest) & set(bad)
+    verdict = verify(tmp_path)
+    assert verdict.ok, verdict.text()
+    text = verdict.text()
+    assert "skipped on purpose" in text and "superseded" in text

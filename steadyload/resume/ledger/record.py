@@ -165,6 +165,12 @@ class Recorder:
         record = (self._epoch, step, indices, worker, pid, kind, host, events or None, pos, keys)
         writer.step(record)
 
+    def end_epoch(self, steps: int) -> None:
+        """The current epoch ran to its end after ``steps`` steps (its records on disk)."""
+        if self._writer is not None:
+            self._writer.write({"ev": "end", "e": self._epoch, "steps": steps})
+            self._writer.flush()
+
     def skipped(self, epoch: int, index: Any, cause: str) -> None:
         """A sample was left out on error (``on_error="skip"``) in epoch ``epoch``."""
         if self._writer is not None:

@@ -140,6 +140,12 @@ class Timeline:
     _steps: list[Step] = field(default_factory=list)
     _lines: list[EpochLine] = field(default_factory=list)
     _skips: list[Skip] = field(default_factory=list)
+    _ends: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def ended(self, epoch: int, segment: str) -> int | None:
+        """The steps ``epoch`` had on ``segment``'s rank when it ran to its end there (an
+        ``end`` event), or None."""
+        return self._ends.get((segment, epoch))
 
     def steps(self, epoch: int | None = None, rank: int | None = None) -> list[Step]:
         """The steps on the timeline, by (epoch, rank, step)."""
@@ -341,6 +347,11 @@ def _take(timeline: Timeline, number: int, part: Part) -> None:
             else:
                 timeline.superseded.append(Superseded(step, why))
         for event in segment.events:
+            if event.get("ev") == "end":  # the epoch ran to its end on this rank
+                epoch, steps = int(event["e"]), int(event["steps"])
+                if _before((epoch, max(steps - 1, 0)), part.until):
+                    timeline._ends[(segment.name, epoch)] = steps
+                continue
             if event.get("ev") != "skip":
                 continue
             epoch = int(event["e"])

@@ -124,6 +124,9 @@ def _check_steps(
         # epoch runs to its end on this part, its steps from the cut on superseded.
         resumed = until is not None and until[0] == epoch and e.part < last_part
         end = until[1] if resumed and until is not None else _total(e.line, n)
+        ended = timeline.ended(epoch, e.segment)  # its own count (a skip rebatches the rest)
+        if ended is not None and not resumed:
+            end = ended
         ranges[e.rank].append((e.part, int(e.line.get("first_step") or 0), end, e.segment))
     by_rank: dict[int, dict[int, list[Step]]] = defaultdict(lambda: defaultdict(list))
     for step in steps:
