@@ -208,3 +208,18 @@ def test_the_story_a_spike_found_replayed_skipped_on_resume_and_the_epoch_proved
     assert verdict.ok, verdict.text()
     text = verdict.text()
     assert "skipped on purpose" in text and "superseded" in text
+
+
+def test_a_stream_verifies_by_positions_and_a_planted_gap_fails(tmp_path: Path) -> None:
+    (tmp_path / "stream").mkdir()
+    stream = StatefulStream(11, -1, str(tmp_path / "stream"))
+    list(steadyload.DataLoader(stream, batch_size=3, num_workers=2, ledger=tmp_path / "l"))
+    verdict = verify(tmp_path / "l")
+    assert verdict.ok and verdict.epochs[0].samples == 11, verdict.text()
+    [path] = list((tmp_path / "l").iterdir())
+    lines = path.read_text().splitlines(keepends=True)
+    gone = next(i for i, line in enumerate(lines) if '"s":0,' in line)
+    path.write_text("".join(lines[:gone] + lines[gone + 1 :]))  # step 0's items unrecorded
+    verdict = verify(tmp_path / "l")
+    holes = [f.text for f in verdict.epochs[0].findings if f.kind == "hole"]
+    assert not verdict.ok and any("items 0-2 of its stream are in no recorded step" in h for h in holes)

@@ -46,9 +46,20 @@ def describe(timeline: Timeline, step: Step) -> dict[str, Any]:
 
         seeds = [sample_seed(int(line["base_seed"]), step.epoch, i) for i in step.indices]
     events = list(step.events)
+    launch = next(
+        p.launch for p in timeline.parts if step.segment in {s.name for s in p.launch.segments}
+    )
+    if launch.cut is not None and tuple(launch.cut) == (step.epoch, step.step):
+        events.append(f"resumed here (epoch {step.epoch} step {step.step}) from {launch.parent}")
+        deal = line.get("deal") or {}
+        if line.get("redealt"):
+            events.append(f"the epoch's rest dealt again to {deal.get('replicas')} ranks")
     for skip in timeline.skips(step.epoch):
         if skip.rank == step.rank and skip.index in step.indices:
             events.append(f"skipped on error: sample {skip.index} ({skip.cause})")
+    worker: dict[str, Any] = {"id": step.worker, "pid": step.pid, "kind": step.kind}
+    if step.pos is not None or step.keys is not None:  # a stream's: what of it the batch read
+        worker.update(items=step.pos, keys=step.keys)
     return {
         "epoch": step.epoch,
         "step": step.step,
@@ -56,7 +67,7 @@ def describe(timeline: Timeline, step: Step) -> dict[str, Any]:
         "run": step.segment,
         "indices": step.indices,
         "seeds": seeds,
-        "workers": [{"id": step.worker, "pid": step.pid, "kind": step.kind}],
+        "workers": [worker],
         "events": events,
     }
 
@@ -67,15 +78,31 @@ def text(shown: list[dict[str, Any]]) -> str:
     for s in shown:
         out.append(
             f"epoch {s['epoch']} step {s['step']} rank {s['rank']} (run {s['run']}): "
-            f"{len(s['indices'])} sample(s)"
+            f"{_samples(s)} sample(s)"
         )
-        out.append(f"  indices: {', '.join(map(str, s['indices']))}")
+        if s["indices"]:
+            out.append(f"  indices: {', '.join(map(str, s['indices']))}")
         if s["seeds"] is not None:
             out.append(f"  seeds:   {', '.join(map(str, s['seeds']))}")
         for w in s["workers"]:
             out.append(f"  worker {w['id']} (pid {w['pid']}, {w['kind']})")
+            if w.get("items") is not None:
+                first, end = w["items"]
+                out.append(f"  its stream's items {first}-{end - 1}")
+            if w.get("keys") is not None:
+                out.append(f"  keys: {', '.join(map(str, w['keys']))}")
         out += [f"  event: {e}" for e in s["events"]]
     return "\n".join(out)
+
+
+def _samples(shown: dict[str, Any]) -> int:
+    """How many samples a shown step held (a stream's: its keys, or the items it read)."""
+    for w in shown["workers"]:
+        if w.get("keys") is not None:
+            return len(w["keys"])
+        if w.get("items") is not None:
+            return int(w["items"][1] - w["items"][0])
+    return len(shown["indices"])
 
 
 def ledger_samples(

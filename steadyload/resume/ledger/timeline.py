@@ -55,6 +55,17 @@ class Step:
     """What touched it before it was yielded (a re-run after a worker died, ...)."""
     keys: list[Any] | None
     """A stream's sample keys, when recorded."""
+    pos: list[int] | None = None
+    """A stream's: the items of its worker's stream the batch read, [first, end)."""
+
+    @property
+    def samples(self) -> int:
+        """How many samples it held (a stream's: its keys, else the items it read)."""
+        if self.keys is not None:
+            return len(self.keys)
+        if self.pos is not None:
+            return self.pos[1] - self.pos[0]
+        return len(self.indices)
 
 
 @dataclass(frozen=True)
@@ -322,6 +333,7 @@ def _steps_of(segment: Segment) -> list[Step]:
                 r.get("k"),
                 list(r.get("ev") or []),
                 r.get("keys"),
+                r.get("pos"),
             )
         )
     return out

@@ -10,7 +10,8 @@ The reference of an epoch is its plan (the epoch line's ``plan``):
 - ``"sampler"`` (or any map-style epoch with ``plan=True``): the recorded plan: each step
   0..length-1 of each rank's epoch once, its indices as recorded (a sampler that draws
   with replacement repeats indices on purpose).
-- ``"stream"``: each rank's steps contiguous, and no sample key twice (when recorded).
+- ``"stream"``: each rank's steps contiguous, no sample key twice (when recorded), and each
+  worker's items read once, from its stream's start on, without a gap (``pos``).
 
 Every epoch is also checked step by step: a step missing between two recorded ones is a
 hole, a step recorded twice a repeat. Steps missing at the end of a rank's epoch make it
@@ -68,6 +69,7 @@ def _epoch(timeline: Timeline, epoch: int, plan: bool, allow_incomplete: bool) -
     done, expected, short = _check_steps(timeline, epoch, lines, steps, findings, by_indices)
     if kind == "stream":
         delivered = _check_keys(steps, findings)
+        _check_positions(steps, findings)
     else:
         delivered = _check_indices(timeline, epoch, lines, steps, findings, by_indices, short)
     failed = any(f.kind in FAILING for f in findings)
@@ -76,7 +78,7 @@ def _epoch(timeline: Timeline, epoch: int, plan: bool, allow_incomplete: bool) -
         kind,
         checked,
         "fail" if failed else "incomplete" if short else "exact",
-        sum(len(s.indices) for s in steps) if kind == "stream" else len(delivered),
+        sum(s.samples for s in steps) if kind == "stream" else len(delivered),
         n if by_indices else None,
         done,
         expected,
@@ -283,6 +285,35 @@ def _check_keys(steps: list[Step], findings: list[Finding]) -> list[Any]:
                 Finding("repeat", f"key {k!r} delivered {len(where)} times: {cite(where)}")
             )
     return [k for k, where in where_of.items() for _ in where]
+
+
+def _check_positions(steps: list[Step], findings: list[Finding]) -> None:
+    """A stream's items by worker: each read by one step, from the stream's start, no gap."""
+    by_worker: dict[tuple[int, Any], list[tuple[int, int, Step]]] = defaultdict(list)
+    for s in steps:
+        if s.pos is not None:
+            by_worker[(s.rank, s.worker)].append((s.pos[0], s.pos[1], s))
+    for (rank, worker), spans in sorted(by_worker.items(), key=lambda kv: str(kv[0])):
+        spans.sort(key=lambda span: span[:2])
+        at = 0
+        for first, end, s in spans:
+            if first > at:
+                findings.append(
+                    Finding(
+                        "hole",
+                        f"rank {rank} worker {worker}: items {at}-{first - 1} of its stream are "
+                        f"in no recorded step (next: {cite([s])})",
+                    )
+                )
+            elif first < at:
+                findings.append(
+                    Finding(
+                        "repeat",
+                        f"rank {rank} worker {worker}: items {first}-{min(at, end) - 1} of its "
+                        f"stream delivered again: {cite([s])}",
+                    )
+                )
+            at = max(at, end)
 
 
 def _key(index: Any) -> Any:
