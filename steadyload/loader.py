@@ -280,6 +280,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._history = other._history
         self._plans.choice = other._plans.choice
         self._checkpoints = other._checkpoints.for_twin(self)
+        self._refresh_options()  # its own ledger= (STEADYLOAD_LEDGER) if other had another
 
     def _checked_options(self) -> LoaderOptions:
         """The steadyload options as the public attributes hold them now, checked."""
@@ -296,6 +297,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             ledger_key=self.ledger_key,
         )
 
+    def _refresh_options(self) -> None:
+        """Check the options as the attributes hold them now (a framework may set them)."""
+        self._options = self._checked_options()
+        self._checkpoints.use_ledger(self._options.ledger, self._options.ledger_key)
+
     def __iter__(self) -> Any:
         """torch's, with persistent workers kept also when all of them are remote."""
         if self.persistent_workers and self.num_workers == 0 and all_workers(self) > 0:
@@ -307,8 +313,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return super().__iter__()
 
     def _get_iterator(self) -> Any:
-        self._options = self._checked_options()  # the attributes may have been set since
-        self._checkpoints.use_ledger(self._options.ledger, self._options.ledger_key)
+        self._refresh_options()
         self._checkpoints.before_iterator(self)  # a resume undoes the base seed's draw
         iterator: InProcessIterator | WorkerIterator
         if self.num_workers == 0 and self._options.remote is None:
@@ -374,6 +379,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 the dataset's own state per worker, ``num_workers``), with what to do; bad
                 ``skip_samples``.
         """
+        self._refresh_options()  # the state's timeline goes to the ledger that will record
         self._checkpoints.load(self, state_dict, skip_samples)
         live = self._iterator  # torch keeps it only for persistent workers
         if isinstance(live, WorkerIterator):

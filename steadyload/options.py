@@ -6,6 +6,7 @@ recovery policy; torch's own arguments stay on the loader.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,17 @@ OPTION_NAMES = (
     "ledger",
     "ledger_key",
 )
+LEDGER_ENV = "STEADYLOAD_LEDGER"  # the frameworks' training loaders' ledger folder
+
+
+def ledger_from_env() -> str | None:
+    """The ledger folder ``STEADYLOAD_LEDGER`` names, or None (unset or empty).
+
+    Read here only, by the integrations, for the loader a framework trains on (never a
+    loader built directly: ``ledger=`` is its one argument). See
+    docs/guide/distributed.md#the-ledger-in-the-frameworks.
+    """
+    return os.environ.get(LEDGER_ENV) or None
 
 
 def options_of(loader: Any) -> dict[str, Any]:

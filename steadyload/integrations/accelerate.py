@@ -32,7 +32,7 @@ import torch
 
 from .. import rebuild_watch
 from ..loader import DataLoader
-from ..options import check_option_names, options_of
+from ..options import check_option_names, ledger_from_env, options_of
 
 TESTED = "1.15"  # the accelerate release this module was written and tested against
 STATE_FILE = "steadyload_loader_{index}_rank{rank}.pt"
@@ -165,6 +165,9 @@ def _install_state_hooks(shard: Any) -> None:
             next_iteration = me.iteration + int(ended)
         mark = me.base_dataloader._mark()
         me.__dict__[_MARK] = (mark, bool(getattr(me, "end_of_dataloader", False)), next_iteration)
+        ledger = me.base_dataloader._checkpoints.ledger
+        if ledger is not None:  # the batch taken last goes to the loop now: a trained step
+            ledger.handed_on()
 
     def state_dict() -> dict[str, Any]:
         """The position after the batches this shard has yielded (see DataLoader.state_dict).
@@ -226,7 +229,10 @@ def prepare(accelerator: Any, *objects: Any, device_placement: list[bool] | None
     (``steadyload_loader_<i>_rank<r>.pt``) and ``load_state`` restores it: the resumed epoch
     continues exactly, no batch loaded twice. It also makes ``accelerator.skip_first_batches``
     return a steadyload loader itself, through this module's `skip_first_batches` (other
-    loaders still go to accelerate's). Thread-safety: as ``accelerator.prepare``.
+    loaders still go to accelerate's). With ``STEADYLOAD_LEDGER=DIR`` in the environment, each
+    of those loaders without its own ``ledger=`` records its ledger into ``DIR/loader<i>``,
+    ``i`` as in its state file (docs/guide/distributed.md#the-ledger-in-the-frameworks).
+    Thread-safety: as ``accelerator.prepare``.
 
     Raises:
         RuntimeError: accelerate lacks a name this relies on (another accelerate release).
@@ -239,13 +245,24 @@ def prepare(accelerator: Any, *objects: Any, device_placement: list[bool] | None
     out = []
     for original, prepared in zip(objects, results, strict=True):
         if isinstance(original, DataLoader) and prepared is not original:
-            prepared = adopt(prepared, **options_of(original))
+            options = options_of(original)
+            folder = ledger_from_env()
+            if options["ledger"] is None and folder is not None:
+                # The state file's index: a resume prepared in the same order continues it.
+                options["ledger"] = os.path.join(folder, f"loader{_index(accelerator, prepared)}")
+            prepared = adopt(prepared, **options)
             base = steadyload_base(prepared)
             if base is not None:  # what the options do not cover: the run goes on
                 base._carry_on_from(original)
             _register(accelerator, prepared)
         out.append(prepared)
     return out[0] if len(objects) == 1 else tuple(out)
+
+
+def _index(accelerator: Any, prepared: Any) -> int:
+    """The index `_register` gives ``prepared`` (its state file's ``<i>``)."""
+    loaders = _PREPARED.get(accelerator, [])
+    return next((i for i, p in enumerate(loaders) if p is prepared), len(loaders))
 
 
 def _register(accelerator: Any, prepared: Any) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..options import check_option_names
+from ..options import check_option_names, ledger_from_env
 from ..report import LoaderReport
 from .accelerate import adopt, rank_state, skip_first_batches, steadyload_base
 
@@ -36,6 +36,7 @@ _trainer_utils: Any = importlib.import_module("transformers.trainer_utils")
 
 TESTED = "5.24"  # the transformers release this module was written and tested against
 STATE_FILE = "steadyload_loader_rank{rank}.pt"  # in each checkpoint-<step> folder
+_LEDGER_OPTIONS = ("ledger", "ledger_key")  # the training loader's only
 
 
 def _check_transformers() -> None:
@@ -164,7 +165,8 @@ class SteadyloadTrainerMixin(_MixinBase):
     constructor, or as a class attribute of that name (the keyword wins, key by key); torch's
     arguments stay the ``dataloader_*`` fields of ``TrainingArguments``. A
     ``dataloader_multiprocessing_context`` is an explicit context, so it wins over
-    ``start_method``.
+    ``start_method``. ``steadyload_options={"ledger": DIR}`` (or ``STEADYLOAD_LEDGER=DIR``
+    in the environment) records the training loader's ledger, resumed with its checkpoints.
 
     - ``get_train_dataloader``, ``get_eval_dataloader`` and ``get_test_dataloader`` return
       the Trainer's own loaders (collator, ``remove_unused_columns``, ``seed_worker``,
@@ -202,16 +204,28 @@ class SteadyloadTrainerMixin(_MixinBase):
         self.add_callback(self._steadyload_state)
 
     def get_train_dataloader(self) -> Any:
-        """The Trainer's training loader, iterating a steadyload loader."""
-        return adopt(super().get_train_dataloader(), **self.steadyload_options)
+        """The Trainer's training loader, iterating a steadyload loader (the one that records
+        the ledger: ``steadyload_options["ledger"]``, else ``STEADYLOAD_LEDGER``, unless your
+        own loader has a ``ledger=``)."""
+        loader = super().get_train_dataloader()
+        options = self.steadyload_options
+        folder = ledger_from_env()
+        base = steadyload_base(loader)
+        if "ledger" not in options and folder is not None and (base is None or not base.ledger):
+            options = {**options, "ledger": folder}
+        return adopt(loader, **options)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
-        """The Trainer's evaluation loader, iterating a steadyload loader."""
-        return adopt(super().get_eval_dataloader(eval_dataset), **self.steadyload_options)
+        """The Trainer's evaluation loader, iterating a steadyload loader (no ledger)."""
+        return adopt(super().get_eval_dataloader(eval_dataset), **self._not_training())
 
     def get_test_dataloader(self, test_dataset: Any) -> Any:
-        """The Trainer's prediction loader, iterating a steadyload loader."""
-        return adopt(super().get_test_dataloader(test_dataset), **self.steadyload_options)
+        """The Trainer's prediction loader, iterating a steadyload loader (no ledger)."""
+        return adopt(super().get_test_dataloader(test_dataset), **self._not_training())
+
+    def _not_training(self) -> dict[str, Any]:
+        # The ledger records training: evaluation's steps in its folder would mix with them.
+        return {k: v for k, v in self.steadyload_options.items() if k not in _LEDGER_OPTIONS}
 
     def steadyload_report(self) -> LoaderReport | None:
         """The latest ``train()``'s training loader over every epoch of it

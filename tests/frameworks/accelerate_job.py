@@ -11,7 +11,8 @@ the checkpoint, the resumed epoch from ``accelerator.skip_first_batches(loader, 
 (a worker of rank 1 SIGKILLed after its first batch), the later ones from the loader. Each
 rank writes OUT/rank<r>.json: its batches per run and epoch (sample index and a value drawn
 in the worker, ``sample_seeds=True``), the parent pids of the processes that loaded them, its
-restarts and skipped samples, what accelerate built, and the checkpoint's files.
+restarts and skipped samples, what accelerate built, and the checkpoint's files. B and C
+prepare their loader with ``STEADYLOAD_LEDGER=OUT/ledger``: it records into OUT/ledger/loader0.
 """
 
 from __future__ import annotations
@@ -64,7 +65,12 @@ def run(out: Path, name: str, seed: int) -> dict[str, Any]:
     loader = steadyload.DataLoader(Flawed(N, BAD, delay_s=0.005), batch_size=BATCH,
                                    shuffle=True, num_workers=2, sample_seeds=True,
                                    max_restarts=2, on_error="skip")
-    model, opt, loader = prepare(accelerator, model, opt, loader)
+    if name in "BC":  # read by prepare
+        os.environ["STEADYLOAD_LEDGER"] = str(out / "ledger")
+    try:
+        model, opt, loader = prepare(accelerator, model, opt, loader)
+    finally:
+        os.environ.pop("STEADYLOAD_LEDGER", None)
     rank = accelerator.process_index
     first_epoch = 0
     if name == "C":
@@ -101,6 +107,7 @@ def run(out: Path, name: str, seed: int) -> dict[str, Any]:
         reports_class=loader.__class__.__name__,
         batch_sampler=type(base.batch_sampler).__name__,
         on_error=base.on_error,
+        ledger=base.ledger,
         len=len(loader),
     )
     accelerator.wait_for_everyone()

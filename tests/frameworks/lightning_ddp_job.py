@@ -9,7 +9,8 @@ used to crash with "got multiple values for argument 'sampler'". Lightning rebui
 loader to inject a DistributedSampler. The second fit SIGKILLs worker 0 of each rank's
 loader after its 2nd batch. A third fit saves a checkpoint after batch PART (every rank's
 3rd) and stops: tests/frameworks/test_lightning.py resumes it on one device (elastic
-resume, 2 processes -> 1). Each rank writes OUT/rank<r>.json.
+resume, 2 processes -> 1); both record the ledger in OUT/ledger (``ledger=``). Each rank
+writes OUT/rank<r>.json.
 
 strategy="ddp" re-runs this module for rank 1 (LOCAL_RANK=1); "ddp_spawn" imports it in
 spawned children as __mp_main__ instead.
@@ -50,8 +51,9 @@ class Model(L.LightningModule):
     def train_dataloader(self) -> Any:
         if not _LAZY:
             _LAZY.append("steadyload.loader" not in sys.modules)
+        ledger = str(Path(self.out, "ledger")) if self.run in ("part", "rest") else None
         return sl.DataLoader(PidSquares(N, delay_s=0.01), batch_size=BATCH, shuffle=True,
-                             num_workers=2, **OPTIONS)  # fmt: skip
+                             num_workers=2, ledger=ledger, **OPTIONS)  # fmt: skip
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         self.batches.append(batch["i"].tolist())
@@ -78,6 +80,7 @@ class Model(L.LightningModule):
             "rank": getattr(sampler, "rank", None),
             "replicas": getattr(sampler, "num_replicas", None),
             "options": {k: getattr(loader, k, None) for k in OPTIONS},
+            "ledger": loader.ledger,
             "batches": self.batches,
             "ppids": sorted(self.ppids),
             "restarts": [[r.worker_id, r.cause] for r in loader.report().restarts],

@@ -26,6 +26,12 @@ from tests.frameworks.hf_common import (
     kill_worker,
     read_loads,
 )
+from tests.frameworks.ledger_check import (
+    assert_each_sample_once,
+    assert_resumed,
+    recorded,
+    timeline,
+)
 
 accelerate = pytest.importorskip("accelerate")
 from steadyload.integrations.accelerate import (  # noqa: E402
@@ -281,9 +287,29 @@ def test_adopt_refuses_what_it_cannot_keep_and_names_the_accelerate_version(
 
 # -- two processes ---------------------------------------------------------------------------
 
+def test_steadyload_ledger_gives_each_prepared_loader_without_its_own_a_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STEADYLOAD_LEDGER", str(tmp_path / "env"))
+    acc = accelerate.Accelerator(cpu=True)
+    own = _loader(Indexed(8), ledger=str(tmp_path / "own"))
+    model, first, second = prepare(acc, torch.nn.Linear(4, 1), _loader(Indexed(8)), own)
+    third = prepare(acc, _loader(Indexed(8)))
+    # The state file's index (steadyload_loader_<i>_rank<r>.pt): a resume prepared in the
+    # same order continues each loader's ledger.
+    folders = [steadyload_base(dl).ledger for dl in (first, second, third)]
+    env = tmp_path / "env"
+    assert folders == [str(env / "loader0"), str(tmp_path / "own"), str(env / "loader2")]
+
+
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
-    out = tmp_path_factory.mktemp("accelerate-ddp")
+def two_ranks_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("accelerate-ddp")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(two_ranks_out: Path) -> dict[int, dict[str, Any]]:
+    out = two_ranks_out
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          "-m", "tests.frameworks.accelerate_job", str(out)],
@@ -292,6 +318,26 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, A
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return {r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)}
+
+
+@pytest.mark.timeout(300)
+def test_two_processes_ledger_is_resumed_with_save_state_and_load_state(
+    two_ranks: dict[int, dict[str, Any]], two_ranks_out: Path
+) -> None:
+    """STEADYLOAD_LEDGER for B (on past its checkpoint) and C (resumed from it)."""
+    folder = two_ranks_out / "ledger" / "loader0"
+    runs = {r: two_ranks[r]["runs"] for r in (0, 1)}
+    assert {runs[r][k]["ledger"] for r in (0, 1) for k in "BC"} == {str(folder)}
+    assert {runs[r]["A"]["ledger"] for r in (0, 1)} == {None}
+    line = timeline(folder)
+    assert_resumed(line, list(accelerate_job.SAVE_AT), ranks=2)
+    for rank in (0, 1):  # the uninterrupted run's samples, with the bad ones (skipped)
+        a = runs[rank]["A"]["epochs"]
+        got = [[i for i in step if i not in accelerate_job.BAD] for step in recorded(line, rank)]
+        assert got == [[i for i, _ in b] for e in sorted(a, key=int) for b in a[e]]
+    assert_each_sample_once(
+        line, accelerate_job.N, complete=range(accelerate_job.EPOCHS), left_out=accelerate_job.BAD
+    )
 
 
 @pytest.mark.timeout(300)

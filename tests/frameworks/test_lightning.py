@@ -20,6 +20,12 @@ import pytest
 import torch
 
 import steadyload as sl
+from tests.frameworks.ledger_check import (
+    assert_each_sample_once,
+    assert_resumed,
+    recorded,
+    timeline,
+)
 from tests.frameworks.samples import PidSquares, forkserver_pid
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,10 +89,10 @@ def _trainer(*callbacks: L.Callback) -> Any:
                      enable_model_summary=False, callbacks=list(callbacks))  # fmt: skip
 
 
-def _loader(n: int = 48) -> sl.DataLoader[Any]:
+def _loader(n: int = 48, **kw: Any) -> sl.DataLoader[Any]:
     return sl.DataLoader(PidSquares(n, delay_s=0.01), batch_size=4, shuffle=True,
                          generator=torch.Generator().manual_seed(0), num_workers=2,
-                         **OPTIONS)  # fmt: skip
+                         **OPTIONS, **kw)  # fmt: skip
 
 
 def _options(loader: Any) -> dict[str, Any]:
@@ -127,14 +133,16 @@ def test_predict_rebuilds_the_loader_as_steadyloads_with_its_options() -> None:
 
 
 class Interrupt(L.Callback):
-    """Saves a checkpoint after batch ``after`` of the first epoch, then fails the run."""
+    """Saves a checkpoint after batch ``after`` of the first epoch, then fails the run
+    ``then`` batches later."""
 
-    def __init__(self, path: Path, after: int) -> None:
-        self.path, self.after = path, after
+    def __init__(self, path: Path, after: int, then: int = 0) -> None:
+        self.path, self.after, self.then = path, after, then
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         if trainer.current_epoch == 0 and args[-1] == self.after:
             trainer.save_checkpoint(self.path)
+        if trainer.current_epoch == 0 and args[-1] == self.after + self.then:
             raise RuntimeError("interrupted")
 
 
@@ -147,16 +155,27 @@ def test_resuming_from_a_mid_epoch_checkpoint_gives_the_uninterrupted_batches(
         trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False,
                             enable_progress_bar=False, enable_checkpointing=False,
                             enable_model_summary=False, callbacks=list(callbacks))  # fmt: skip
-        trainer.fit(model, _loader(24), ckpt_path=ckpt)
+        loader = _loader(24, ledger=str(tmp_path / "ledger") if model is not full else None)
+        try:
+            trainer.fit(model, loader, ckpt_path=ckpt)
+        finally:
+            loader.state_dict()  # (hands the ledger's last records to the OS)
 
     full, part, rest, ckpt = Recorder(), Recorder(), Recorder(), tmp_path / "mid.ckpt"
     fit(full)
     with pytest.raises(RuntimeError, match="interrupted"):
-        fit(part, Interrupt(ckpt, after=2))
+        fit(part, Interrupt(ckpt, after=2, then=2))  # trains 2 batches past its checkpoint
     fit(rest, ckpt=ckpt)
-    assert len(part.batches) == 3 and len(full.batches) == 12
-    assert part.batches + rest.batches == full.batches
+    assert len(part.batches) == 5 and len(full.batches) == 12
+    assert part.batches[:3] + rest.batches == full.batches
     assert rest.ppids == {forkserver_pid()}
+    # The ledger (ledger=): the resumed run continues the checkpoint's timeline, and what
+    # the first run trained on after its checkpoint is superseded.
+    line = timeline(tmp_path / "ledger")
+    assert_resumed(line, [0, 3], ranks=1)
+    assert sorted((s["e"], s["s"]) for s in line.superseded) == [(0, 3), (0, 4)]
+    assert recorded(line, 0) == full.batches
+    assert_each_sample_once(line, 24, complete=range(2))
 
 
 def _ddp_job(out: Path, strategy: str = "ddp") -> list[dict[str, Any]]:
@@ -200,8 +219,18 @@ def test_ddp_two_processes_inject_the_sampler_keep_steadyload_and_heal(tmp_path:
                         enable_progress_bar=False, enable_checkpointing=False,
                         enable_model_summary=False)  # fmt: skip
     trainer.fit(model, ckpt_path=tmp_path / "part.ckpt")
+    trainer.train_dataloader.state_dict()  # (hands the ledger's last records to the OS)
     taken = [i for b in part[0] + part[1] for i in b]
     rest = [i for b in model.batches for i in b]
     assert sorted(taken + rest) == list(range(job.N))
     order = torch.randperm(job.N, generator=torch.Generator().manual_seed(0)).tolist()
     assert rest == order[len(taken):]  # the rest of the permutation, in its order
+    # The ledger (ledger=, kept by Lightning's rebuild): each rank's segment of the 2-process
+    # run (rank and world size from torch.distributed), continued by the 1-device resume.
+    assert [info["part"]["ledger"] for info in ranks] == [str(tmp_path / "ledger")] * 2
+    line = timeline(tmp_path / "ledger")
+    assert sorted((s.rank, s.header["world"]) for s in line.chain[0]) == [(0, 2), (1, 2)]
+    assert_resumed(line, [0, job.PART + 1], ranks=1, went_on=False)
+    assert [recorded(line, r)[: job.PART + 1] for r in (0, 1)] == part
+    assert [s["i"] for s in line.chain[1][0].steps] == model.batches
+    assert_each_sample_once(line, job.N, complete=range(1))

@@ -17,6 +17,14 @@ from typing import Any
 
 import pytest
 
+from tests.frameworks.ledger_check import (
+    Timeline,
+    assert_each_sample_once,
+    assert_resumed,
+    recorded,
+    timeline,
+)
+
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
 
@@ -57,10 +65,29 @@ def _skipped(reference: dict[str, Any]) -> set[int]:
     return {i for batch in _indices(reference["batches"][start:save_at]) for i in batch}
 
 
+def _check_resumed_ledger(
+    folder: Path, resumed: dict[int, dict[str, Any]], trained: dict[int, dict[str, Any]]
+) -> Timeline:
+    """The ledger of a run checkpointed mid-epoch by the Trainer (B1: it went on past the
+    checkpoint) and ``resumed`` from it in a new process, on ``len(resumed)`` ranks: one
+    chain from the checkpoint's token and step, what each rank ``trained`` on (the
+    uninterrupted run's batches)."""
+    line = timeline(folder)
+    per_epoch, save_at = resumed[0]["steps_per_epoch"], resumed[0]["save_at"]
+    assert_resumed(line, [save_at // per_epoch, save_at % per_epoch], len(resumed))
+    for rank, run in trained.items():  # (not the batch accelerate's shard read ahead last)
+        assert recorded(line, rank) == _indices(run["batches"])
+    return line
+
+
 @pytest.fixture(scope="module")
-def one(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("trainer")
-    return _job(out, "A", "B1", "B2", "U1", "U2", "W", "U3", "S1", "S2", "K", "E")[0]
+def one_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("trainer")
+
+
+@pytest.fixture(scope="module")
+def one(one_out: Path) -> dict[str, Any]:
+    return _job(one_out, "A", "B1", "B2", "U1", "U2", "W", "U3", "S1", "S2", "K", "E")[0]
 
 
 @pytest.mark.slow
@@ -106,6 +133,23 @@ def test_resume_mid_epoch_gives_the_uninterrupted_batches_and_loads_no_skipped_s
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_the_training_loaders_ledger_is_resumed_with_the_checkpoint(
+    one: dict[str, Any], one_out: Path
+) -> None:
+    # steadyload_options={"ledger": ...}: the training loader records, the eval loader not.
+    line = timeline(one_out / "ledger-A")
+    [[segment]] = line.chain
+    assert segment.header["dataset"]["len"] == N and one["A"]["eval"]["ledger"] is None
+    assert_each_sample_once(line, N, complete=range(1))
+    # STEADYLOAD_LEDGER, for the loader the mixin builds (B) and for the subclass's own (U).
+    for way, uninterrupted in (("B", "A"), ("U", "U1")):
+        line = _check_resumed_ledger(
+            one_out / f"ledger-{way}", {0: one[f"{way}2"]}, {0: one[uninterrupted]}
+        )
+        assert_each_sample_once(line, N, complete=range(1))
+
+
 def test_user_subclass_resumed_without_the_state_file_skips_by_index_on_steadyload(
     one: dict[str, Any],
 ) -> None:
@@ -208,3 +252,15 @@ def test_two_processes_shard_heal_a_killed_worker_and_resume_exactly(tmp_path: P
     rest = [i for b in _indices(one["batches"][: (N - len(done)) // BATCH]) for i in b]
     assert sorted(done + rest) == list(range(N))
     assert one["warnings"] == [] and one["restarts"] == []
+    # STEADYLOAD_LEDGER: B1's ledger on 2 ranks, resumed by B2 on 2 ranks and by B4 on one
+    # (each rank's segment; the rank and world size from torch.distributed).
+    resumed, trained = ({r: ranks[r][run] for r in ranks} for run in ("B2", "A"))
+    line = _check_resumed_ledger(tmp_path / "ledger-B", resumed, trained)
+    assert_each_sample_once(line, N, complete=range(2))
+    line = timeline(tmp_path / "ledger-B4")
+    assert sorted((s.rank, s.header["world"]) for s in line.chain[0]) == [(0, 2), (1, 2)]
+    assert_resumed(line, [1, save_at - per_epoch], ranks=1)  # B1's, then B4's
+    [b4] = line.chain[1]  # what B4 trained on, its steps going on from the state's
+    assert [s["i"] for s in b4.steps] == _indices(one["batches"])
+    assert b4.steps[0]["s"] == save_at - per_epoch
+    assert_each_sample_once(line, N, complete=range(2))

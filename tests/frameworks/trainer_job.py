@@ -23,6 +23,9 @@ parent pid), the restarts, what the loader was built with, and any steadyload wa
   iterator each epoch): ``steadyload_report()`` after train() still shows epoch 0's restart.
 - ``R1``/``R2``: as A (with a checkpoint at SAVE_AT) and its resume, with 1 local worker
   and 2 remote workers (Ray actors; ``RAY_ADDRESS`` names the cluster).
+- The ledger: A records it through ``steadyload_options={"ledger": OUT/ledger-A}`` (its
+  eval loader must not), B1/B2 and U1/U2 through ``STEADYLOAD_LEDGER`` (OUT/ledger-B,
+  OUT/ledger-U), B4 into OUT/ledger-B4, a copy of B1's segments of OUT/ledger-B.
 - ``E``: the mixin's errors (an unknown option, transformers without skip_first_batches) and
   whether the resume patch is in place during train() and gone after an exception.
 """
@@ -53,6 +56,7 @@ import torch  # noqa: E402
 
 from steadyload.integrations.accelerate import steadyload_base  # noqa: E402
 from steadyload.integrations.transformers import SteadyloadTrainerMixin  # noqa: E402
+from steadyload.resume.ledger.files import read_folder  # noqa: E402
 from tests.frameworks.hf_common import (  # noqa: E402
     VOCAB,
     Tokens,
@@ -70,6 +74,13 @@ SAVE_AT = STEPS_PER_EPOCH + 2  # mid-epoch 1
 STEPS = min(SAVE_AT + 3, 2 * STEPS_PER_EPOCH)  # a resume stays in epoch 1
 KILL_STEP = 2
 OPTIONS = {"sample_seeds": True, "max_restarts": 2}
+LEDGER_ENV = {  # the runs with STEADYLOAD_LEDGER=OUT/<folder>
+    "B1": "ledger-B",
+    "B2": "ledger-B",
+    "B4": "ledger-B4",
+    "U1": "ledger-U",
+    "U2": "ledger-U",
+}
 
 
 def _args(out: Path, run: str, **extra: Any) -> Any:
@@ -155,6 +166,8 @@ def trainer_run(out: Path, run: str) -> dict[str, Any]:
     else:
         cls = type("T", (Recording, SteadyloadTrainerMixin, Trainer), {})
     kwargs = {} if run == "W" else {"steadyload_options": OPTIONS}
+    if run == "A":  # the ledger from the one argument
+        kwargs = {"steadyload_options": {**OPTIONS, "ledger": str(out / "ledger-A")}}
     if run[0] == "R":  # 1 local worker + 2 Ray actors (RAY_ADDRESS names the cluster)
         kwargs = {"steadyload_options": {**OPTIONS, "remote_workers": 2}}
     eval_logs = out / f"eval-{run}-{os.environ.get('RANK', '0')}"
@@ -177,10 +190,15 @@ def trainer_run(out: Path, run: str) -> dict[str, Any]:
         for name in os.listdir(resume):
             if name.startswith("steadyload_loader"):
                 os.remove(os.path.join(resume, name))
+    if run in LEDGER_ENV:
+        _ledger_env(out, run)
     record["t0"] = time.monotonic()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.train(resume_from_checkpoint=resume)
+        try:
+            trainer.train(resume_from_checkpoint=resume)
+        finally:
+            os.environ.pop("STEADYLOAD_LEDGER", None)
     record["warnings"] = [str(w.message) for w in caught if "steadyload" in str(w.message)]
     record["train_s"] = time.monotonic() - record.pop("t0")
     if run[0] == "R":  # which workers served the last epoch (remote ones name their node)
@@ -219,6 +237,7 @@ def trainer_run(out: Path, run: str) -> dict[str, Any]:
             "loss": metrics["eval_loss"],
             "parents": sorted({ppid for _, _, ppid in read_loads(eval_logs)}),
             "start_method": eval_base.report().start_method if eval_base else None,
+            "ledger": eval_base.ledger if eval_base else "not steadyload's",
         }
     if run in ("B1", "U1"):
         folder = Path(_args(out, run).output_dir) / f"checkpoint-{SAVE_AT}"
@@ -228,6 +247,18 @@ def trainer_run(out: Path, run: str) -> dict[str, Any]:
     del trainer, loader, base
     gc.collect()  # persistent workers end with their loader
     return record
+
+
+def _ledger_env(out: Path, run: str) -> None:
+    """STEADYLOAD_LEDGER for ``run``. B4's folder: a copy of B1's segments (in OUT/ledger-B,
+    B2 resumed the same checkpoint: B4 would be a second launch of that resume there)."""
+    folder = out / LEDGER_ENV[run]
+    if run == "B4":
+        folder.mkdir()
+        for segment in read_folder(out / "ledger-B"):
+            if segment.header["parent"] is None:
+                shutil.copy(segment.path, folder)
+    os.environ["STEADYLOAD_LEDGER"] = str(folder)
 
 
 def errors_run(out: Path, run: str) -> dict[str, Any]:

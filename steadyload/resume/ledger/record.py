@@ -5,7 +5,10 @@ file) begins at the first epoch and again after every `load_state_dict`: its hea
 which timeline it continues (``token``: the state's, ``parent``) and from where (``cut``:
 the epoch and step the state resumes at), so `timeline.py` can tell what a resume
 superseded. The iterators call `step` as ``next()`` hands a batch over (a prefetched batch
-never yielded is not recorded); `RunRecord` forwards skipped samples (`skipped`).
+never yielded is not recorded); `RunRecord` forwards skipped samples (`skipped`). A wrapper
+that takes each batch one ahead of its loop (accelerate's shard) calls `handed_on` as it
+hands the previous one on: from then on each step waits for it, and a step read ahead that
+the loop never got (it stopped there) is dropped, not recorded.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class Recorder:
         self._next: dict[str, Any] = {"token": ROOT, "parent": None, "cut": None, "skip": None}
         self._writer: Writer | None = None
         self._epoch = -1
+        self._ahead = False  # a wrapper reads ahead: steps wait for `handed_on`
+        self._held: tuple[Any, ...] | None = None  # the step read ahead, not yet handed on
 
     # -- the timeline ------------------------------------------------------------------------
     def resumed(
@@ -100,6 +105,7 @@ class Recorder:
         if self._writer is None:
             self._open(loader)
         self._epoch = epoch
+        self._held = None  # read ahead in an epoch the loop left: never trained on
         assert self._writer is not None
         self._writer.write(
             {
@@ -163,7 +169,17 @@ class Recorder:
             indices, keys = None, _keys(batch, self.key)
         pos = list(span) if batch is not None and span is not None else None
         record = (self._epoch, step, indices, worker, pid, kind, host, events or None, pos, keys)
-        writer.step(record)
+        if self._ahead:  # (one held before: read ahead and dropped, the loop left)
+            self._held = record
+        else:
+            writer.step(record)
+
+    def handed_on(self) -> None:
+        """A wrapper reading one batch ahead hands the batch it took last to its loop."""
+        self._ahead = True
+        held, self._held = self._held, None
+        if held is not None and self._writer is not None:
+            self._writer.step(held)
 
     def end_epoch(self, steps: int) -> None:
         """The current epoch ran to its end after ``steps`` steps (its records on disk)."""
@@ -188,6 +204,7 @@ class Recorder:
             self._writer.flush()
 
     def _close(self) -> None:
+        self._held = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None
