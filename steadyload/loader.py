@@ -18,13 +18,12 @@ import torch.utils.data
 
 from .arguments import checked_snapshot_steps, torch_arguments
 from .engine.choice.plans import WorkerPlans
-from .engine.remote.spec import RemoteWorkers, all_workers, remote_spec
+from .engine.remote.spec import RemoteWorkers, all_workers
 from .engine.remote.warm import prestart as prestart_remote
-from .host.system import parse_bytes
 from .iterators.in_process import InProcessIterator
 from .iterators.record import History, RunRecord, not_started
 from .iterators.workers import WorkerIterator
-from .options import OPTION_NAMES, LoaderOptions, options_of
+from .options import OPTION_NAMES, checked_options, options_of
 from .rebuild_watch import caller_frame, note_read
 from .report import LoaderReport
 from .resume.checkpoint import Checkpoints, Mark
@@ -173,7 +172,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.remote_workers = remote_workers
         self.ledger = ledger
         self.ledger_key = ledger_key
-        self._options = self._checked_options()
+        self._options = checked_options(self)
         remote_only = num_workers == 0 and self._options.remote is not None
         # Keywords only: Lightning records the arguments of the outermost __init__ it has
         # wrapped, which is torch's when this class was created inside a loader hook; it then
@@ -282,24 +281,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._checkpoints = other._checkpoints.for_twin(self)
         self._refresh_options()  # its own ledger= (STEADYLOAD_LEDGER) if other had another
 
-    def _checked_options(self) -> LoaderOptions:
-        """The steadyload options as the public attributes hold them now, checked."""
-        return LoaderOptions(
-            start_method=self.start_method,
-            max_restarts=self.max_restarts,
-            on_error=self.on_error,
-            hang_timeout=self.hang_timeout,
-            max_worker_memory_bytes=parse_bytes(self.max_worker_memory, "max_worker_memory"),
-            sample_seeds=bool(self.sample_seeds),
-            worker_type=self.worker_type,
-            remote=remote_spec(self.remote_workers),
-            ledger=os.fspath(self.ledger) if self.ledger is not None else None,
-            ledger_key=self.ledger_key,
-        )
-
     def _refresh_options(self) -> None:
         """Check the options as the attributes hold them now (a framework may set them)."""
-        self._options = self._checked_options()
+        self._options = checked_options(self)
         self._checkpoints.use_ledger(self._options.ledger, self._options.ledger_key)
 
     def __iter__(self) -> Any:

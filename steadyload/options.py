@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .engine.remote.spec import RemoteWorkers
+from .engine.remote.spec import RemoteWorkers, remote_spec
+from .host.system import parse_bytes
 from .start.context import START_METHODS
 
 ON_ERROR = ("raise", "skip")
@@ -122,3 +123,20 @@ class LoaderOptions:
                 "share this process's memory, so none can be measured or freed on its own. "
                 "Use worker_type='process' (or 'auto', which then picks processes)."
             )
+
+
+def checked_options(loader: Any) -> LoaderOptions:
+    """A steadyload loader's options as its public attributes hold them now, checked."""
+    ledger = loader.ledger
+    return LoaderOptions(
+        start_method=loader.start_method,
+        max_restarts=loader.max_restarts,
+        on_error=loader.on_error,
+        hang_timeout=loader.hang_timeout,
+        max_worker_memory_bytes=parse_bytes(loader.max_worker_memory, "max_worker_memory"),
+        sample_seeds=bool(loader.sample_seeds),
+        worker_type=loader.worker_type,
+        remote=remote_spec(loader.remote_workers),
+        ledger=os.fspath(ledger) if ledger is not None else None,
+        ledger_key=loader.ledger_key,
+    )

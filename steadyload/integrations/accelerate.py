@@ -32,7 +32,7 @@ import torch
 
 from .. import rebuild_watch
 from ..loader import DataLoader
-from ..options import check_option_names, ledger_from_env, options_of
+from ..options import check_option_names, checked_options, ledger_from_env, options_of
 
 TESTED = "1.15"  # the accelerate release this module was written and tested against
 STATE_FILE = "steadyload_loader_{index}_rank{rank}.pt"
@@ -80,7 +80,7 @@ def _set_options(loader: DataLoader[Any], options: dict[str, Any]) -> None:
     for name, value in options.items():
         setattr(loader, name, value)
     try:
-        loader._checked_options()  # a bad value raises now, not at the first batch
+        checked_options(loader)  # a bad value raises now, not at the first batch
     except (TypeError, ValueError):
         for name, value in before.items():
             setattr(loader, name, value)
@@ -105,8 +105,7 @@ def adopt(loader: Any, **options: Any) -> Any:
     ``max_restarts``, ...), keeping every torch argument, the sharding batch sampler, device
     placement, ``set_epoch`` and ``GradientState`` signalling. A plain torch ``DataLoader``
     gives its steadyload twin; a steadyload loader (or an adopted shard) gets the options set
-    and is returned as is, so adopting twice is harmless. Costs microseconds: no worker
-    starts before the first batch.
+    and is returned as is (adopting twice is harmless). No worker starts before a batch.
 
     The shard snapshots ``state_dict()`` before each batch (accelerate's own mechanism); when
     steadyload cannot save the position (a sampler it cannot replay), training goes on and
@@ -187,8 +186,7 @@ def _install_state_hooks(shard: Any) -> None:
     def load_state_dict(
         state_dict: dict[str, Any], *, skip_samples: Iterable[int] | None = None
     ) -> None:
-        """Resume from `state_dict`'s result: the next epoch continues the saved one
-        (without ``skip_samples``, as `steadyload.DataLoader.load_state_dict` says)."""
+        """Resume from `state_dict`'s result (``skip_samples``: as the DataLoader's)."""
         me = _alive(ref)
         state = dict(state_dict)
         next_iteration = state.pop(_NEXT_ITERATION, None)
@@ -229,10 +227,9 @@ def prepare(accelerator: Any, *objects: Any, device_placement: list[bool] | None
     (``steadyload_loader_<i>_rank<r>.pt``) and ``load_state`` restores it: the resumed epoch
     continues exactly, no batch loaded twice. It also makes ``accelerator.skip_first_batches``
     return a steadyload loader itself, through this module's `skip_first_batches` (other
-    loaders still go to accelerate's). With ``STEADYLOAD_LEDGER=DIR`` in the environment, each
-    of those loaders without its own ``ledger=`` records its ledger into ``DIR/loader<i>``,
-    ``i`` as in its state file (docs/guide/distributed.md#the-ledger-in-the-frameworks).
-    Thread-safety: as ``accelerator.prepare``.
+    loaders still go to accelerate's). ``STEADYLOAD_LEDGER=DIR``: each of those loaders without
+    a ``ledger=`` records into ``DIR/loader<i>`` (``i``: its state file's). Thread-safety: as
+    ``accelerator.prepare``.
 
     Raises:
         RuntimeError: accelerate lacks a name this relies on (another accelerate release).
@@ -245,10 +242,9 @@ def prepare(accelerator: Any, *objects: Any, device_placement: list[bool] | None
     out = []
     for original, prepared in zip(objects, results, strict=True):
         if isinstance(original, DataLoader) and prepared is not original:
-            options = options_of(original)
-            folder = ledger_from_env()
-            if options["ledger"] is None and folder is not None:
-                # The state file's index: a resume prepared in the same order continues it.
+            options, folder = options_of(original), ledger_from_env()
+            if options["ledger"] is None and folder is not None:  # (a resume prepared in the
+                # same order continues it: the index is its state file's)
                 options["ledger"] = os.path.join(folder, f"loader{_index(accelerator, prepared)}")
             prepared = adopt(prepared, **options)
             base = steadyload_base(prepared)
