@@ -698,6 +698,30 @@ def state_dict(data: dict[str, Any]) -> Section:
     return lines, []
 
 
+def ledger(data: dict[str, Any]) -> Section:
+    rows = [
+        [name, f"{r['epoch_s_without']:.3f}", f"{r['epoch_s_with']:.3f}",
+         f"{r['overhead']:+.1%}", f"{r['bytes_per_sample']:.2f}", f"{r['bytes_per_step']:.0f}"]
+        for name, r in data["results"].items()
+    ]  # fmt: skip
+    lines = [
+        "## The ledger's cost",
+        "",
+        "What `ledger=` costs (benchmarks/bench_ledger.py): the peers benchmark's tiny-batch",
+        f"workload ({data['batch_size']} samples of 16 floats and an int per batch, "
+        f"{data['batches']:,} batches, one epoch per",
+        "run, `shuffle=True`), steadyload without and with a ledger, interleaved (the order",
+        f"alternating), median of {data['rounds']} rounds; the ledger's size on disk per "
+        "sample and per step.",
+        "",
+        *_provenance(data),
+        *_table(["loader", "without, s", "with ledger, s", "overhead", "bytes per sample",
+                 "bytes per step"], rows),  # fmt: skip
+        *_notes(data),
+    ]
+    return lines, []
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], Section]] = {
     "foundation": foundation,
     "peers": peers,
@@ -711,6 +735,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], Section]] = {
     "auto_choice_hog": auto_choice,
     "remote": remote,
     "state_dict": state_dict,
+    "ledger": ledger,
 }
 
 HEADER = [
