@@ -708,11 +708,10 @@ def ledger(data: dict[str, Any]) -> Section:
         "## The ledger's cost",
         "",
         "What `ledger=` costs (benchmarks/bench_ledger.py): the peers benchmark's tiny-batch",
-        f"workload ({data['batch_size']} samples of 16 floats and an int per batch, "
-        f"{data['batches']:,} batches, one epoch per",
-        "run, `shuffle=True`), steadyload without and with a ledger, interleaved (the order",
-        f"alternating), median of {data['rounds']} rounds; the ledger's size on disk per "
-        "sample and per step.",
+        f"workload ({data['batch_size']} samples of 16 floats and an int per batch,",
+        f"{data['batches']:,} batches, one epoch per run, `shuffle=True`), steadyload without",
+        "and with a ledger, interleaved (the order alternating), median of",
+        f"{data['rounds']} rounds; the ledger's size on disk per sample and per step.",
         "",
         *_provenance(data),
         *_table(["loader", "without, s", "with ledger, s", "overhead", "bytes per sample",
