@@ -3,9 +3,9 @@
 `timeline` follows the folder's one chain of segments (a fresh start, then each resume: its
 ``parent`` the token of the state it loaded, its ``cut`` where it resumed) and splits the
 steps into those the resumed timeline trained on and those a resume superseded (recorded
-after the checkpoint by the run that crashed or went on). `assert_each_sample_once` is the
-check ``steadyload ledger verify`` makes (steadyload/resume/ledger/verify.py, not yet on this
-branch); switch it to ``verify(folder).ok`` once it lands.
+after the checkpoint by the run that crashed or went on), and checks that
+``steadyload ledger verify`` finds no hole and no repeat in it; `assert_each_sample_once`
+then says more precisely what the run trained on.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steadyload.resume.ledger.files import Segment, read_folder
+from steadyload.resume.ledger.verify import verify
 
 
 @dataclass
@@ -33,7 +34,10 @@ class Timeline:
 
 
 def timeline(folder: str | os.PathLike[str]) -> Timeline:
-    """The one chain of segments in ``folder``; fails when the segments are not one chain."""
+    """The one chain of segments in ``folder``; fails when the segments are not one chain,
+    or when verify finds a hole or a repeat (an epoch left unfinished is allowed)."""
+    verdict = verify(folder, allow_incomplete=True)
+    assert verdict.ok, verdict.text()
     by_token: dict[str, list[Segment]] = defaultdict(list)
     for segment in read_folder(folder):
         assert not segment.torn, f"{segment.path}: its last line is torn"
@@ -97,5 +101,7 @@ def assert_each_sample_once(
         assert not repeats, f"epoch {epoch}: samples trained on twice: {repeats}"
     for epoch in complete:
         assert sorted(line.indices(epoch)) == list(range(n)), f"epoch {epoch} is not whole"
-    skipped = {e["index"] for group in line.chain for s in group for e in s.events}
+    skipped = {
+        e["index"] for group in line.chain for s in group for e in s.events if e["ev"] == "skip"
+    }
     assert skipped <= left_out, f"skipped on error: {sorted(skipped - left_out)}"
