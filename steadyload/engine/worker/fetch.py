@@ -111,7 +111,7 @@ class Fetcher:
         self.cut: StreamCut | None = None
         """Set when the stream ended at an item that raised (``on_error="skip"``)."""
         self._raised: tuple[int, str, str] | None = None  # the last item read, if it raised
-        self._stuck_state: bytes | None = None  # the state a restart after a bad item used
+        self._stuck_state: Any = None  # the stream's own state a restart after a bad item used
         # What is being loaded now, formatted only when an error needs it (hot path).
         self._stage = "iter"
         self._current: Any = None
@@ -322,9 +322,11 @@ class Fetcher:
         if self._restartable:
             try:
                 state = self.position()
-                if state == self._stuck_state:  # the restart got nowhere
+                saved = pickle.loads(state) if state is not None else {}
+                own = (saved.get("dataset"), saved.get("iterator"))  # (not our item count)
+                if own == self._stuck_state:  # the restart got nowhere
                     return _STUCK
-                self._stuck_state = state
+                self._stuck_state = own
                 self._start(state)  # as on a resume
                 return None
             except Exception as exc:

@@ -61,16 +61,23 @@ class Writer:
         self.write({"ledger": FORMAT, "segment": name.removesuffix(SUFFIX), **header})
         self.flush()
         _flusher.add(self)
+        _flusher.wake()
 
     def write(self, record: dict[str, Any]) -> None:
         """Buffer one record (a line)."""
         with self._lock:
             self._records.append(record)
+        if not _flusher.running:
+            _flusher.wake()
 
     def step(self, fields: tuple[Any, ...]) -> None:
         """Buffer one step: the values of `STEP_KEYS`, in order (None: left out)."""
-        with self._lock:
-            self._records.append(fields)
+        self.write(fields)  # type: ignore[arg-type]  # (a tuple: `_line` tells them apart)
+
+    @property
+    def pending(self) -> bool:
+        """Whether records wait to be flushed."""
+        return bool(self._records)
 
     def flush(self) -> None:
         """Encode every buffered record and hand them to the OS, in one write where it fits."""
@@ -100,21 +107,24 @@ class Writer:
 
 class _Flusher:
     """One daemon thread for every open `Writer` of this process: flushes each at least
-    every `FLUSH_S`; it ends once no writer is left (a test sees no thread behind)."""
+    every `FLUSH_S`; it ends once nothing was buffered for a whole `FLUSH_S` (a loop that
+    stopped, a test that ended: no thread behind), and a new record starts it again."""
 
     def __init__(self) -> None:
         self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self.running = False
 
     def add(self, writer: Writer) -> None:
         with self._lock:
             self._writers.add(writer)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="steadyload-ledger", daemon=True
-                )
-                self._thread.start()
+
+    def wake(self) -> None:
+        """Start the thread if it is not running (a record is buffered)."""
+        with self._lock:
+            if not self.running:
+                self.running = True
+                threading.Thread(target=self._run, name="steadyload-ledger", daemon=True).start()
 
     def flush_all(self) -> None:
         """Flush every open writer (at exit: the flusher is a daemon thread, and a loader
@@ -128,19 +138,23 @@ class _Flusher:
                 pass  # a full disk at exit: nothing left to tell
 
     def _run(self) -> None:
+        idle = 0
         while True:
             time.sleep(FLUSH_S / 2)
             with self._lock:
-                writers = list(self._writers)
-                if not writers:
-                    self._thread = None
-                    return
+                writers = [w for w in self._writers if w.pending]
+                idle = 0 if writers else idle + 1
+                if idle >= 2:  # (a writer that buffers after this starts a new thread)
+                    self.running = False
+                    break
             for writer in writers:
                 try:
                     writer.flush()
                 except OSError:
                     pass  # a full disk: the next flush (or state_dict) says it
-            del writers, writer
+            del writers
+        if any(w.pending for w in list(self._writers)):  # buffered as it was deciding to end
+            self.wake()
 
 
 _flusher = _Flusher()
