@@ -313,7 +313,14 @@ def _rank(segment: Segment, line: dict[str, Any] | None) -> int:
 
 
 def _lines_of(segment: Segment) -> dict[int, dict[str, Any]]:
-    return {int(line["epoch"]): line for line in segment.epochs}
+    """Each epoch's line; an epoch begun twice in one segment (a re-dealt rest that the next
+    iterator delivers: `Checkpoints.begin_epoch`) runs from its first line's first step."""
+    lines: dict[int, dict[str, Any]] = {}
+    for line in segment.epochs:
+        epoch = int(line["epoch"])
+        first = lines[epoch]["first_step"] if epoch in lines else line.get("first_step")
+        lines[epoch] = {**line, "first_step": first}
+    return lines
 
 
 def _steps_of(segment: Segment) -> list[Step]:
