@@ -18,19 +18,14 @@ import torch
 
 from tests import elastic_job
 from tests.conftest import wait_until
+from tests.torchrun import ENV, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def _torchrun(out: Path, ranks: int, *flags: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc_per_node={ranks}", "-m", "tests.elastic_job", str(out), *flags],
-        cwd=ROOT, env=ENV, timeout=240, capture_output=True, text=True,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    torchrun("tests.elastic_job", out, ranks, *flags)
 
 
 def _steps(out: Path) -> list[dict[str, Any]]:

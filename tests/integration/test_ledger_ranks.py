@@ -4,28 +4,20 @@ every epoch exactly once over all ranks and both runs, the crashed steps superse
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from steadyload.resume.ledger.verify import verify
 from tests import elastic_job
+from tests.torchrun import torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def _torchrun(out: Path, ranks: int, *flags: str, crash: bool = False) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc_per_node={ranks}", "-m", "tests.elastic_job", str(out), *flags],
-        cwd=ROOT, env=ENV, timeout=240, capture_output=True, text=True,
-    )  # fmt: skip
-    assert (proc.returncode != 0) == crash, proc.stdout[-3000:] + proc.stderr[-6000:]
+    torchrun("tests.elastic_job", out, ranks, *flags, crash=crash)
 
 
 @pytest.mark.parametrize(("first", "then"), [(2, 3), (4, 2)])

@@ -13,10 +13,7 @@ each one did."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,21 +22,16 @@ import pytest
 import torch
 
 from tests import world_job
+from tests.torchrun import torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 FROM_RANK = 1  # the state every loading rank loads (the issue's: rank 1 of the saving run)
 SHAPE = re.compile(r"\S.*\nWhy: \S.*\nFix: \S.*", re.DOTALL)  # steadyload's errors
 
 
-def _torchrun(out: Path, ranks: int, *args: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc_per_node={ranks}", "-m", "tests.world_job", str(out), *args],
-        cwd=ROOT, env=ENV, timeout=240, capture_output=True, text=True,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+def _torchrun(out: Path, ranks: int, *flags: str) -> None:
+    torchrun("tests.world_job", out, ranks, *flags)
 
 
 def _saved(out: Path, name: str, world: int) -> list[list[list[int]]]:
