@@ -44,15 +44,15 @@ def record_step(
     `RunRecord`, for the workers' kind; ``stream``: a stream's batch, for its samples' keys,
     else None)."""
     worker = task.worker_id
-    remote = pool is not None and pool.host(worker) is not None
+    host = pool.host(worker) if pool is not None else None  # (only a remote worker's)
     ledger.step(
         progress.step_base + task.ordinal,
         task.indices,
         worker,
         pool.pid(worker) if pool is not None else None,
-        "remote" if remote else record.worker_kind,
+        "remote" if host is not None else record.worker_kind,
         task.events,
         stream,
-        pool.host(worker) if remote else None,
+        host,
         task.span,
     )
