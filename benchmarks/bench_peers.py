@@ -41,12 +41,23 @@ from peers_env import ROOT, child_pythonpath, in_peers_env, reexec_in_peers_env
 OUT = ROOT / "bench-out"
 
 LOADERS = [
-    "torch-fork", "torch-forkserver", "sl-process", "sl-thread", "sl-auto",
-    "tdn-thread", "tdn-process", "spdl-thread", "grain-process", "grain-thread",
+    "torch-fork",
+    "torch-forkserver",
+    "sl-process",
+    "sl-thread",
+    "sl-auto",
+    "tdn-thread",
+    "tdn-process",
+    "spdl-thread",
+    "grain-process",
+    "grain-thread",
 ]
 WORKLOADS = {  # name: (batch size, batches, quick batches): auto's hand-over to processes
     # (the pure-Python and tiny rows; ~1.5 s with a cold fork server) must fall in the first half
-    "jpeg": (32, 120, 8), "python": (16, 800, 8), "tiny": (64, 10000, 100), "big": (32, 300, 12),
+    "jpeg": (32, 120, 8),
+    "python": (16, 800, 8),
+    "tiny": (64, 10000, 100),
+    "big": (32, 300, 12),
 }
 
 # The environment (benchmarks/peers_env.py): before torch is imported, python3 alone may
@@ -199,7 +210,8 @@ def make_loader(kind: str, ds: Any, size: int) -> tuple[Any, Any]:
     batches = list(BatchSampler(SequentialSampler(range(len(ds))), size, drop_last=False))
     if kind.startswith("torch-"):
         loader = torch.utils.data.DataLoader(
-            ds, batch_size=size, num_workers=2, multiprocessing_context=kind[6:])
+            ds, batch_size=size, num_workers=2, multiprocessing_context=kind[6:]
+        )
         return loader, iter(loader)
     if kind.startswith("sl-"):
         import steadyload as sl
@@ -210,26 +222,44 @@ def make_loader(kind: str, ds: Any, size: int) -> tuple[Any, Any]:
         import torchdata.nodes as tn
 
         node = tn.IterableWrapper(batches)
-        node = tn.ParallelMapper(node, map_fn=FetchBatch(ds), num_workers=2,
-                                 method=kind[4:], in_order=True)
+        node = tn.ParallelMapper(
+            node, map_fn=FetchBatch(ds), num_workers=2, method=kind[4:], in_order=True
+        )
         return None, iter(tn.Loader(tn.Prefetcher(node, prefetch_factor=4)))
     if kind == "spdl-thread":
         from spdl.dataloader import DataLoader as SpdlLoader
 
-        return None, iter(SpdlLoader(batches, preprocessor=FetchBatch(ds), num_threads=2,
-                                     buffer_size=4, output_order="input"))
+        return None, iter(
+            SpdlLoader(
+                batches,
+                preprocessor=FetchBatch(ds),
+                num_threads=2,
+                buffer_size=4,
+                output_order="input",
+            )
+        )
     if kind.startswith("grain-"):
         import grain.python as gp
 
         if kind == "grain-process":
-            sampler = gp.IndexSampler(len(ds), shard_options=gp.NoSharding(), shuffle=False,
-                                      num_epochs=1)
-            return None, iter(gp.DataLoader(data_source=AsNumpy(ds), sampler=sampler,
-                                            operations=[gp.Batch(size)], worker_count=2))
+            sampler = gp.IndexSampler(
+                len(ds), shard_options=gp.NoSharding(), shuffle=False, num_epochs=1
+            )
+            return None, iter(
+                gp.DataLoader(
+                    data_source=AsNumpy(ds),
+                    sampler=sampler,
+                    operations=[gp.Batch(size)],
+                    worker_count=2,
+                )
+            )
         import grain
 
-        pipe = (grain.MapDataset.source(AsNumpy(ds)).batch(size)
-                .to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)))
+        pipe = (
+            grain.MapDataset.source(AsNumpy(ds))
+            .batch(size)
+            .to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=4))
+        )
         return None, iter(pipe)
     raise ValueError(kind)
 
@@ -282,14 +312,22 @@ def child(workload: str, kind: str, batches: int) -> dict[str, Any]:
     sampler.join()
     choice = loader.report().worker_type_choice if kind == "sl-auto" else None
     del it
-    return {"first_s": first_s, "rate": samples / (t_last - t_first), "peak_pss": peak[0],
-            "sums": sums, "choice": choice}
+    return {
+        "first_s": first_s,
+        "rate": samples / (t_last - t_first),
+        "peak_pss": peak[0],
+        "sums": sums,
+        "choice": choice,
+    }
 
 
 def _run_child(workload: str, kind: str, batches: int) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, __file__, "--child", workload, kind, str(batches)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
         env={**os.environ, "PYTHONPATH": child_pythonpath()},
     )
     if proc.returncode != 0:
@@ -322,18 +360,29 @@ def main() -> None:
                 r["same"] = r.get("sums") == reference.get("sums")
                 r.pop("sums", None)
                 runs.setdefault((workload, kind), []).append(r)
-                print(f"  {workload:6s} rep {rep + 1} {kind:16s} "
-                      + (r["error"] if "error" in r else
-                         f"{r['rate']:9.1f}/s first {r['first_s'] * 1e3:7.1f} ms "
-                         f"PSS {r['peak_pss'] / 2**20:6.0f} MiB same={r['same']}"
-                         + (f"\n      {r['choice']}" if r.get("choice") else "")), flush=True)
+                print(
+                    f"  {workload:6s} rep {rep + 1} {kind:16s} "
+                    + (
+                        r["error"]
+                        if "error" in r
+                        else f"{r['rate']:9.1f}/s first {r['first_s'] * 1e3:7.1f} ms "
+                        f"PSS {r['peak_pss'] / 2**20:6.0f} MiB same={r['same']}"
+                        + (f"\n      {r['choice']}" if r.get("choice") else "")
+                    ),
+                    flush=True,
+                )
     summary = _table(runs, workloads, loaders)
     if args.json:
         from bench_json import write_json
 
-        write_json(args.json, {"reps": args.reps,
-                               "runs": {f"{w}/{k}": v for (w, k), v in runs.items()},
-                               "summary": summary})
+        write_json(
+            args.json,
+            {
+                "reps": args.reps,
+                "runs": {f"{w}/{k}": v for (w, k), v in runs.items()},
+                "summary": summary,
+            },
+        )
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -341,8 +390,9 @@ def _median(runs: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _table(runs: dict[tuple[str, str], list[dict[str, Any]]], workloads: list[str],
-           loaders: list[str]) -> dict[str, Any]:
+def _table(
+    runs: dict[tuple[str, str], list[dict[str, Any]]], workloads: list[str], loaders: list[str]
+) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for workload in workloads:
         base = _median(runs[(workload, "torch-fork")], "rate") if "torch-fork" in loaders else None
@@ -358,18 +408,22 @@ def _table(runs: dict[tuple[str, str], list[dict[str, Any]]], workloads: list[st
                 print(f"  {kind:16s} failed: {runs[(workload, kind)][0].get('error')}")
                 continue
             ratio = f"{rate / base:5.2f}x" if base else "   - "
-            print(f"  {kind:16s} {rate:9.1f}/s {ratio}  first {first * 1e3:7.1f} ms  "
-                  f"PSS {pss / 2**20:6.0f} MiB  {'same' if same else 'DIFFERENT'}")
+            print(
+                f"  {kind:16s} {rate:9.1f}/s {ratio}  first {first * 1e3:7.1f} ms  "
+                f"PSS {pss / 2**20:6.0f} MiB  {'same' if same else 'DIFFERENT'}"
+            )
         peers = {k: v for k, v in rows.items() if not k.startswith("sl-") and v["rate"]}
         auto = rows.get("sl-auto", {})
         if peers and auto.get("rate"):
             best = max(peers, key=lambda k: peers[k]["rate"])
             lean = min(peers, key=lambda k: peers[k]["peak_pss"])
             fork_first = rows.get("torch-fork", {}).get("first_s")
-            print(f"  sl-auto vs the best peer ({best}): "
-                  f"{auto['rate'] / peers[best]['rate']:.2f}x; peak PSS vs the leanest ({lean}): "
-                  f"{auto['peak_pss'] / peers[lean]['peak_pss']:.2f}x; first batch vs torch "
-                  "fork: " + (f"{auto['first_s'] / fork_first:.2f}x" if fork_first else "-"))
+            print(
+                f"  sl-auto vs the best peer ({best}): "
+                f"{auto['rate'] / peers[best]['rate']:.2f}x; peak PSS vs the leanest ({lean}): "
+                f"{auto['peak_pss'] / peers[lean]['peak_pss']:.2f}x; first batch vs torch "
+                "fork: " + (f"{auto['first_s'] / fork_first:.2f}x" if fork_first else "-")
+            )
         summary[workload] = rows
     return summary
 

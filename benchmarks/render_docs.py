@@ -55,8 +55,10 @@ def _rate(x: float) -> str:
 
 def _provenance(data: dict[str, Any]) -> list[str]:
     lines = [f"> Source: {data['source']}.  "]
-    lines.append(f"> Command: `{data['command']}`; date {data['date']}, commit "
-                 f"{data.get('commit') or 'unknown'}; machine: {data['machine']}.")
+    lines.append(
+        f"> Command: `{data['command']}`; date {data['date']}, commit "
+        f"{data.get('commit') or 'unknown'}; machine: {data['machine']}."
+    )
     return [*lines, ""]
 
 
@@ -80,33 +82,54 @@ def foundation(data: dict[str, Any]) -> Section:
     fresh, warm = med["a_fresh"], med["a_warm"]
     sl_fresh, sl_warm = fresh["steadyload"], warm["steadyload"]
     rows = [
-        ["(a) first batch, fresh process, vs torch fork", f"{fresh['torch-fork']:.3f} s",
-         f"{sl_fresh:.3f} s", f"{sl_fresh / fresh['torch-fork']:.2f}x"],
-        ["(a) first batch, fresh process, vs torch forkserver with torch preloaded",
-         f"{fresh['torch-forkserver-preload']:.3f} s", f"{sl_fresh:.3f} s",
-         f"{sl_fresh / fresh['torch-forkserver-preload']:.2f}x"],
-        ["(a) first batch, fresh process, vs torch forkserver / spawn",
-         f"{fresh['torch-forkserver']:.3f} / {fresh['torch-spawn']:.3f} s", f"{sl_fresh:.3f} s",
-         f"{sl_fresh / fresh['torch-forkserver']:.2f}x / {sl_fresh / fresh['torch-spawn']:.2f}x"],
-        ["(a) first batch, 2nd loader in the process, vs torch fork",
-         f"{warm['torch-fork']:.3f} s", f"{sl_warm:.3f} s",
-         f"{sl_warm / warm['torch-fork']:.2f}x"],
-        ["(a) first batch, 2nd loader, vs torch forkserver with preload / plain / spawn",
-         (f"{warm['torch-forkserver-preload']:.3f} / {warm['torch-forkserver']:.3f} / "
-         f"{warm['torch-spawn']:.3f} s"), f"{sl_warm:.3f} s",
-         " / ".join(f"{sl_warm / warm[k]:.2f}x"
-                    for k in ("torch-forkserver-preload", "torch-forkserver", "torch-spawn"))],
+        [
+            "(a) first batch, fresh process, vs torch fork",
+            f"{fresh['torch-fork']:.3f} s",
+            f"{sl_fresh:.3f} s",
+            f"{sl_fresh / fresh['torch-fork']:.2f}x",
+        ],
+        [
+            "(a) first batch, fresh process, vs torch forkserver with torch preloaded",
+            f"{fresh['torch-forkserver-preload']:.3f} s",
+            f"{sl_fresh:.3f} s",
+            f"{sl_fresh / fresh['torch-forkserver-preload']:.2f}x",
+        ],
+        [
+            "(a) first batch, fresh process, vs torch forkserver / spawn",
+            f"{fresh['torch-forkserver']:.3f} / {fresh['torch-spawn']:.3f} s",
+            f"{sl_fresh:.3f} s",
+            f"{sl_fresh / fresh['torch-forkserver']:.2f}x / {sl_fresh / fresh['torch-spawn']:.2f}x",
+        ],
+        [
+            "(a) first batch, 2nd loader in the process, vs torch fork",
+            f"{warm['torch-fork']:.3f} s",
+            f"{sl_warm:.3f} s",
+            f"{sl_warm / warm['torch-fork']:.2f}x",
+        ],
+        [
+            "(a) first batch, 2nd loader, vs torch forkserver with preload / plain / spawn",
+            (
+                f"{warm['torch-forkserver-preload']:.3f} / {warm['torch-forkserver']:.3f} / "
+                f"{warm['torch-spawn']:.3f} s"
+            ),
+            f"{sl_warm:.3f} s",
+            " / ".join(
+                f"{sl_warm / warm[k]:.2f}x"
+                for k in ("torch-forkserver-preload", "torch-forkserver", "torch-spawn")
+            ),
+        ],
     ]
     batch_gb = 32 * 3 * 224 * 224 * 4 / 1e9
-    for key, label, unit in (("b_cpu", "(b) CPU-bound dataset, ~5 ms/sample", "samples/s"),
-                             ("c_tiny", "(c) tiny samples, batch 64 (per-batch overhead)",
-                              "samples/s"),
-                             ("d_images", "(d) 19 MB batches (32x3x224x224 float32), no compute",
-                              "batches/s")):
+    for key, label, unit in (
+        ("b_cpu", "(b) CPU-bound dataset, ~5 ms/sample", "samples/s"),
+        ("c_tiny", "(c) tiny samples, batch 64 (per-batch overhead)", "samples/s"),
+        ("d_images", "(d) 19 MB batches (32x3x224x224 float32), no compute", "batches/s"),
+    ):
         t, s = med[key]["torch-fork"], med[key]["steadyload"]
         extra = (lambda x: f" ({x * batch_gb:.1f} GB/s)") if key == "d_images" else (lambda x: "")
-        rows.append([label, f"{_rate(t)} {unit}{extra(t)}", f"{_rate(s)} {unit}{extra(s)}",
-                     f"{s / t:.2f}x"])
+        rows.append(
+            [label, f"{_rate(t)} {unit}{extra(t)}", f"{_rate(s)} {unit}{extra(s)}", f"{s / t:.2f}x"]
+        )
     lines = [
         "## Time to the first batch and throughput against torch",
         "",
@@ -119,16 +142,22 @@ def foundation(data: dict[str, Any]) -> Section:
         "",
         *_provenance(data),
         *_table(["measurement", "torch", "steadyload", "steadyload / torch"], rows),
-        (f"memcpy of the same 19 MB on this machine: {med['d_memcpy_gbps']['memcpy']:.1f} GB/s "
-        "(warm cache)."),
+        (
+            f"memcpy of the same 19 MB on this machine: {med['d_memcpy_gbps']['memcpy']:.1f} GB/s "
+            "(warm cache)."
+        ),
         "",
         *_notes(data),
     ]
     return lines, []
 
 
-def _peer_rows(summary: dict[str, Any], workloads: list[str], loaders: list[str],
-               cell: Callable[[dict[str, Any], dict[str, Any]], str]) -> list[list[str]]:
+def _peer_rows(
+    summary: dict[str, Any],
+    workloads: list[str],
+    loaders: list[str],
+    cell: Callable[[dict[str, Any], dict[str, Any]], str],
+) -> list[list[str]]:
     rows = []
     for kind in loaders:
         row = [PEER_NAMES.get(kind, kind)]
@@ -155,19 +184,24 @@ def peers(data: dict[str, Any]) -> Section:
     for w in workloads:
         rows = summary[w]
         auto = rows.get("sl-auto")
-        same_peers = {k: r for k, r in rows.items()
-                      if not k.startswith("sl-") and r.get("rate") and r.get("same")}
+        same_peers = {
+            k: r
+            for k, r in rows.items()
+            if not k.startswith("sl-") and r.get("rate") and r.get("same")
+        }
         if not auto or not auto.get("rate") or not same_peers:
             continue
         best = max(same_peers, key=lambda k: same_peers[k]["rate"])
         lean = min(same_peers, key=lambda k: same_peers[k]["peak_pss"])
         fork = rows.get("torch-fork", {})
-        goals.append([
-            WORKLOAD_NAMES[w],
-            f"{auto['rate'] / same_peers[best]['rate']:.2f}x ({PEER_NAMES[best]})",
-            f"{auto['first_s'] / fork['first_s']:.2f}x" if fork.get("first_s") else "-",
-            f"{auto['peak_pss'] / same_peers[lean]['peak_pss']:.2f}x ({PEER_NAMES[lean]})",
-        ])
+        goals.append(
+            [
+                WORKLOAD_NAMES[w],
+                f"{auto['rate'] / same_peers[best]['rate']:.2f}x ({PEER_NAMES[best]})",
+                f"{auto['first_s'] / fork['first_s']:.2f}x" if fork.get("first_s") else "-",
+                f"{auto['peak_pss'] / same_peers[lean]['peak_pss']:.2f}x ({PEER_NAMES[lean]})",
+            ]
+        )
     names = [WORKLOAD_NAMES[w] for w in workloads]
     png = "peers_throughput.png"
     lines = [
@@ -177,8 +211,8 @@ def peers(data: dict[str, Any]) -> Section:
         "by the script into a bench-only `.venv-peers`, never steadyload's dependencies), four",
         "workloads, 2 workers each, every run a fresh process, repetitions interleaved,",
         "medians. samples/s is the steady state: the second half of the run (start-up, warm-up",
-        "and `worker_type=\"auto\"`'s hand-over fall in the first half and in the first-batch",
-        "time). \"first\" is the loader built to its first batch (imports and one garbage",
+        'and `worker_type="auto"`\'s hand-over fall in the first half and in the first-batch',
+        'time). "first" is the loader built to its first batch (imports and one garbage',
         "collection done before); PSS is the peak of the process tree, sampled every 100 ms.",
         "Every loader's batches are checked against torch's in-process batches; ‡ marks a",
         "loader whose batches differ (not like for like). Ratios are against torch with fork.",
@@ -187,9 +221,8 @@ def peers(data: dict[str, Any]) -> Section:
         f"![samples/s per workload and loader]({PLOTS}/{png})",
         "",
         *_table(["loader", *names], _peer_rows(summary, workloads, loaders, throughput)),
-        *_table(["first batch / peak PSS", *names],
-                _peer_rows(summary, workloads, loaders, start)),
-        "`worker_type=\"auto\"` against the best loader with the same batches (throughput),",
+        *_table(["first batch / peak PSS", *names], _peer_rows(summary, workloads, loaders, start)),
+        '`worker_type="auto"` against the best loader with the same batches (throughput),',
         "torch with fork (first batch) and the leanest loader with the same batches (peak PSS):",
         "",
         *_table(["workload", "throughput", "first batch vs torch fork", "peak PSS"], goals),
@@ -199,16 +232,16 @@ def peers(data: dict[str, Any]) -> Section:
     def plot(out: Path) -> None:
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 4.5),
-                                 sharey=True)
+        fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 4.5), sharey=True)
         for ax, w in zip(axes, workloads, strict=True):
             kinds = [k for k in loaders if summary[w].get(k, {}).get("rate")]
             rates = [summary[w][k]["rate"] for k in kinds]
-            colors = ["tab:red" if k == "sl-auto" else
-                      "tab:orange" if k.startswith("sl-") else "tab:gray" for k in kinds]
+            colors = [
+                "tab:red" if k == "sl-auto" else "tab:orange" if k.startswith("sl-") else "tab:gray"
+                for k in kinds
+            ]
             ax.barh(range(len(kinds)), rates, color=colors)
-            ax.set_yticks(range(len(kinds)),
-                          [PEER_NAMES[k].strip("*") for k in kinds], fontsize=8)
+            ax.set_yticks(range(len(kinds)), [PEER_NAMES[k].strip("*") for k in kinds], fontsize=8)
             ax.set_title(WORKLOAD_NAMES[w], fontsize=10)
             ax.set_xlabel("samples/s")
             ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:g}k" if x >= 1000 else f"{x:g}")
@@ -232,16 +265,26 @@ def kept_tensors(data: dict[str, Any]) -> Section:
     rows = []
     n = data["batches_kept"]
     if "mem_shared_mib" in res:
-        rows.append([(f"labels of {n} batches of 19 MB images kept: shared memory held after "
-                     "the epoch"), f"{med('mem_shared_mib', 'torch'):.1f} MiB",
-                     f"{med('mem_shared_mib', 'steadyload'):.1f} MiB"])
+        rows.append(
+            [
+                (f"labels of {n} batches of 19 MB images kept: shared memory held after the epoch"),
+                f"{med('mem_shared_mib', 'torch'):.1f} MiB",
+                f"{med('mem_shared_mib', 'steadyload'):.1f} MiB",
+            ]
+        )
     if "mem_fds" in res:
-        rows.append(["the same: descriptors held", f"+{med('mem_fds', 'torch'):.0f}",
-                     f"+{med('mem_fds', 'steadyload'):.0f}"])
-    for section, label, unit in (("images", "19 MB batches", "batches/s"),
-                                 ("tiny", "tiny samples, batch 64", "samples/s"),
-                                 ("many_small", "32 small tensors per sample, batch 32",
-                                  "samples/s")):
+        rows.append(
+            [
+                "the same: descriptors held",
+                f"+{med('mem_fds', 'torch'):.0f}",
+                f"+{med('mem_fds', 'steadyload'):.0f}",
+            ]
+        )
+    for section, label, unit in (
+        ("images", "19 MB batches", "batches/s"),
+        ("tiny", "tiny samples, batch 64", "samples/s"),
+        ("many_small", "32 small tensors per sample, batch 32", "samples/s"),
+    ):
         t, s = med(section, "torch"), med(section, "steadyload")
         rows.append([label, f"{_rate(t)} {unit}", f"{_rate(s)} {unit} ({s / t:.2f}x)"])
     lines = [
@@ -267,9 +310,16 @@ def recipe_start(data: dict[str, Any]) -> Section:
         "steadyload-prestart": "steadyload + `prestart()` as the script's first statement",
     }
     base = med["forkserver"]
-    rows = [[names[k], f"{m['wait_s']:.2f} s", f"{m['wait_s'] / base['wait_s']:.2f}x",
-             f"{m['script_s']:.2f} s", f"{m['script_s'] / base['script_s']:.2f}x"]
-            for k, m in med.items()]
+    rows = [
+        [
+            names[k],
+            f"{m['wait_s']:.2f} s",
+            f"{m['wait_s'] / base['wait_s']:.2f}x",
+            f"{m['script_s']:.2f} s",
+            f"{m['script_s'] / base['script_s']:.2f}x",
+        ]
+        for k, m in med.items()
+    ]
     model_s = med.get("steadyload", base)["model_s"]
     lines = [
         "## First batch of a script shaped like the LoRA recipe",
@@ -281,8 +331,16 @@ def recipe_start(data: dict[str, Any]) -> Section:
         "the first batch.",
         "",
         *_provenance(data),
-        *_table([f"variant (medians of {data['reps']}, model build {model_s:.2f} s)",
-                 "first-batch wait", "ratio", "script start to first batch", "ratio"], rows),
+        *_table(
+            [
+                f"variant (medians of {data['reps']}, model build {model_s:.2f} s)",
+                "first-batch wait",
+                "ratio",
+                "script start to first batch",
+                "ratio",
+            ],
+            rows,
+        ),
         *_notes(data),
     ]
     return lines, []
@@ -292,12 +350,18 @@ def recovery(data: dict[str, Any]) -> Section:
     m = data["medians"]
     rows = [
         ["epoch without a fault", f"{m['clean_epoch_s']:.3f} s"],
-        ["epoch with worker 0 SIGKILLed after the 10th batch",
-         (f"{m['faulty_epoch_s']:.3f} s "
-         f"(+{(m['faulty_epoch_s'] - m['clean_epoch_s']) * 1e3:.0f} ms)")],
+        [
+            "epoch with worker 0 SIGKILLed after the 10th batch",
+            (
+                f"{m['faulty_epoch_s']:.3f} s "
+                f"(+{(m['faulty_epoch_s'] - m['clean_epoch_s']) * 1e3:.0f} ms)"
+            ),
+        ],
         ["kill to the next batch in the loop", f"{m['next_s'] * 1e3:.1f} ms"],
-        ["kill to every batch the dead worker held delivered again",
-         f"{m['recovered_s'] * 1e3:.0f} ms"],
+        [
+            "kill to every batch the dead worker held delivered again",
+            f"{m['recovered_s'] * 1e3:.0f} ms",
+        ],
         ["torch's DataLoader with the same kill", f"the epoch is lost: `{data['torch_error']}`"],
     ]
     lines = [
@@ -318,7 +382,7 @@ MEMORY_NAMES = {
     "fork": "(i) torch + list, fork",
     "forkserver": "(ii) torch + list, forkserver",
     "steadyload": "(iii) steadyload + SharedList (forkserver, the default)",
-    "zygote": "(iv) steadyload + SharedList, `start_method=\"zygote\"`",
+    "zygote": '(iv) steadyload + SharedList, `start_method="zygote"`',
 }
 
 MEMORY_SHORT = {
@@ -337,12 +401,25 @@ def memory(data: dict[str, Any]) -> Section:
 
     rows = []
     for kind, v in variants.items():
-        paid = ("-" if v["metadata_paid"] is None else
-                f"{gib(v['metadata_paid'], 3)} for a {gib(v['shared'], 3)} SharedList "
-                f"({v['metadata_paid'] / v['shared']:.2f}x)")
-        rows.append([MEMORY_NAMES.get(kind, kind), gib(v["before"]), gib(v["first"]),
-                     gib(v["end"]), f"{v['ratio']:.2f}x", f"{v['growth']:+.1%}",
-                     gib(v["empty_end"]), gib(v["fixed_cost"], 3), paid])
+        paid = (
+            "-"
+            if v["metadata_paid"] is None
+            else f"{gib(v['metadata_paid'], 3)} for a {gib(v['shared'], 3)} SharedList "
+            f"({v['metadata_paid'] / v['shared']:.2f}x)"
+        )
+        rows.append(
+            [
+                MEMORY_NAMES.get(kind, kind),
+                gib(v["before"]),
+                gib(v["first"]),
+                gib(v["end"]),
+                f"{v['ratio']:.2f}x",
+                f"{v['growth']:+.1%}",
+                gib(v["empty_end"]),
+                gib(v["fixed_cost"], 3),
+                paid,
+            ]
+        )
     png = "memory.png"
     lines = [
         "## Memory of metadata records over an epoch",
@@ -357,9 +434,20 @@ def memory(data: dict[str, Any]) -> Section:
         *_provenance(data),
         f"![total PSS before, at the first batch and at the end of the epoch]({PLOTS}/{png})",
         "",
-        *_table(["variant", "before the loader", "first batch", "end of epoch", "end / before",
-                 "growth over the epoch", "same loader, 2 records", "fixed cost of the workers",
-                 "metadata paid"], rows),
+        *_table(
+            [
+                "variant",
+                "before the loader",
+                "first batch",
+                "end of epoch",
+                "end / before",
+                "growth over the epoch",
+                "same loader, 2 records",
+                "fixed cost of the workers",
+                "metadata paid",
+            ],
+            rows,
+        ),
         *_notes(data),
     ]
 
@@ -369,10 +457,15 @@ def memory(data: dict[str, Any]) -> Section:
         kinds = list(variants)
         fig, ax = plt.subplots(figsize=(8, 4))
         width = 0.27
-        for i, (key, label) in enumerate((("before", "before the loader"),
-                                          ("first", "first batch"), ("end", "end of epoch"))):
-            ax.bar([x + (i - 1) * width for x in range(len(kinds))],
-                   [variants[k][key] / GIB for k in kinds], width, label=label)
+        for i, (key, label) in enumerate(
+            (("before", "before the loader"), ("first", "first batch"), ("end", "end of epoch"))
+        ):
+            ax.bar(
+                [x + (i - 1) * width for x in range(len(kinds))],
+                [variants[k][key] / GIB for k in kinds],
+                width,
+                label=label,
+            )
         ax.set_xticks(range(len(kinds)), [MEMORY_SHORT.get(k, k) for k in kinds], fontsize=8)
         ax.set_ylabel("total PSS [GiB]")
         ax.set_title(f"{data['records']:,} metadata records, 2 workers (medians)", fontsize=10)
@@ -387,10 +480,16 @@ def memory(data: dict[str, Any]) -> Section:
 def shared_list(data: dict[str, Any]) -> Section:
     rows = []
     for kind, m in data["ns_per_read"].items():
-        rows.append([kind, f"{m['list']:.0f}", f"{m['shared']:.0f}",
-                     f"{m['shared'] / m['list']:.1f}x",
-                     f"{m['list_ds']:.0f} / {m['shared_ds']:.0f}",
-                     f"{m['shared_ds'] / m['list_ds']:.1f}x"])
+        rows.append(
+            [
+                kind,
+                f"{m['list']:.0f}",
+                f"{m['shared']:.0f}",
+                f"{m['shared'] / m['list']:.1f}x",
+                f"{m['list_ds']:.0f} / {m['shared_ds']:.0f}",
+                f"{m['shared_ds'] / m['list_ds']:.1f}x",
+            ]
+        )
     lines = [
         "## SharedList random reads",
         "",
@@ -399,8 +498,17 @@ def shared_list(data: dict[str, Any]) -> Section:
         "`__getitem__` (what a DataLoader does). Ratios are SharedList / list.",
         "",
         *_provenance(data),
-        *_table(["records", "Python list", "SharedList", "ratio",
-                 "through `__getitem__`: list / SharedList", "ratio"], rows),
+        *_table(
+            [
+                "records",
+                "Python list",
+                "SharedList",
+                "ratio",
+                "through `__getitem__`: list / SharedList",
+                "ratio",
+            ],
+            rows,
+        ),
         *_notes(data),
     ]
     return lines, []
@@ -409,19 +517,28 @@ def shared_list(data: dict[str, Any]) -> Section:
 def short_epoch(data: dict[str, Any]) -> Section:
     medians = data["medians"]
     fork = medians["torch-fork"]
-    names = {"torch-fork": "torch, fork", "sl-process": "steadyload, processes",
-             "sl-thread": "steadyload, threads", "sl-auto": "steadyload, auto"}
-    rows = [[label, f"{medians[k]:,.0f}/s", f"{medians[k] / fork:.2f}x"]
-            for k, label in names.items() if k in medians]
+    names = {
+        "torch-fork": "torch, fork",
+        "sl-process": "steadyload, processes",
+        "sl-thread": "steadyload, threads",
+        "sl-auto": "steadyload, auto",
+    }
+    rows = [
+        [label, f"{medians[k]:,.0f}/s", f"{medians[k] / fork:.2f}x"]
+        for k, label in names.items()
+        if k in medians
+    ]
     lines = [
         "## A short first epoch of GIL-bound work",
         "",
         f"{data['samples']:,} samples of about 2 ms of pure Python each (a 4-element tensor),",
         "batch 32, 2 workers, the first epoch of a fresh process: the clock runs from the",
         "loader's construction to the epoch's end, so a fork server's start and",
-        "`worker_type=\"auto\"`'s measurement and hand-over count. Repetitions interleaved;",
-        (f"medians. auto against the better of steadyload's fixed choices: "
-         f"{data['auto_ratio']:.2f}x (the goal: at least 0.9x)."),
+        '`worker_type="auto"`\'s measurement and hand-over count. Repetitions interleaved;',
+        (
+            f"medians. auto against the better of steadyload's fixed choices: "
+            f"{data['auto_ratio']:.2f}x (the goal: at least 0.9x)."
+        ),
         "",
         *_provenance(data),
         *_table(["loader", "samples/s", "vs torch fork"], rows),
@@ -431,30 +548,51 @@ def short_epoch(data: dict[str, Any]) -> Section:
 
 
 def auto_choice(data: dict[str, Any]) -> Section:
-    names = {"jpeg": "JPEG decode + resize", "big": "19 MB batches",
-             "py-op-0.2": "0.2 ms Python, then a torch op",
-             "py-op-0.45": "0.45 ms Python, then a torch op",
-             "py-op-1": "1 ms Python, then a torch op", "python-2": "2 ms pure Python"}
+    names = {
+        "jpeg": "JPEG decode + resize",
+        "big": "19 MB batches",
+        "py-op-0.2": "0.2 ms Python, then a torch op",
+        "py-op-0.45": "0.45 ms Python, then a torch op",
+        "py-op-1": "1 ms Python, then a torch op",
+        "python-2": "2 ms pure Python",
+    }
     rows = []
     for workload, s in data["summary"].items():
-        faster = {"either": "either (within 10%)", "thread": "threads",
-                  "process": "processes"}[s["faster"]]
-        rows.append([names.get(workload, workload), _rate(s["thread"]), _rate(s["process"]),
-                     faster, f"{s['chose_thread']} / {s['chose_process']}",
-                     f"{s['right']} of {s['runs']}"])
+        faster = {"either": "either (within 10%)", "thread": "threads", "process": "processes"}[
+            s["faster"]
+        ]
+        rows.append(
+            [
+                names.get(workload, workload),
+                _rate(s["thread"]),
+                _rate(s["process"]),
+                faster,
+                f"{s['chose_thread']} / {s['chose_process']}",
+                f"{s['right']} of {s['runs']}",
+            ]
+        )
     hog = data.get("hog")
     lines = [
         "## What auto chooses, run after run" + (", on a busy machine" if hog else ""),
         "",
-        "Each run a fresh process: `worker_type=\"auto\"`'s choice, against the rates of fixed",
+        'Each run a fresh process: `worker_type="auto"`\'s choice, against the rates of fixed',
         f"thread and process workers (2 workers, batch {data['batch']}, persistent workers,",
         "the second epoch timed, medians). A choice is right when it is the faster kind, or",
         "either kind when they are within 10%."
         + (" A CPU-bound process ran beside every run." if hog else ""),
         "",
         *_provenance(data),
-        *_table(["workload", "threads, samples/s", "processes, samples/s", "faster",
-                 "auto chose threads / processes", "right"], rows),
+        *_table(
+            [
+                "workload",
+                "threads, samples/s",
+                "processes, samples/s",
+                "faster",
+                "auto chose threads / processes",
+                "right",
+            ],
+            rows,
+        ),
         *_notes(data),
     ]
     return lines, []
@@ -485,28 +623,40 @@ def _gap(params: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     gap = summary.get("gap")
     if not gap:
         return []
-    labels = {"sl-prestarted": "steadyload, actors prestarted at build (default)",
-              "sl-cold": "steadyload, `RemoteWorkers(prestart=False)`", "raydata": "Ray Data"}
+    labels = {
+        "sl-prestarted": "steadyload, actors prestarted at build (default)",
+        "sl-cold": "steadyload, `RemoteWorkers(prestart=False)`",
+        "raydata": "Ray Data",
+    }
     rows = []
     for name, g in gap.items():
         kind, _, k = name.rpartition("-")
         if g.get("first_s") is None:
             rows.append([f"{labels.get(kind, kind)}, {k} workers", "failed", "-", "-", "-"])
             continue
-        rows.append([f"{labels.get(kind, kind)}, {k} workers", _secs(g["first_s"]),
-                     _secs(g["epoch_s"]), _rate(g["epoch_rate"]),
-                     f"{g['vs_raydata']:.2f}x" if g.get("vs_raydata") else "-"])
+        rows.append(
+            [
+                f"{labels.get(kind, kind)}, {k} workers",
+                _secs(g["first_s"]),
+                _secs(g["epoch_s"]),
+                _rate(g["epoch_rate"]),
+                f"{g['vs_raydata']:.2f}x" if g.get("vs_raydata") else "-",
+            ]
+        )
     return [
-        (f"The first epoch {params['gap_s']:g} s after the loader was built (the training "
-         "script's own set-up"),
+        (
+            f"The first epoch {params['gap_s']:g} s after the loader was built (the training "
+            "script's own set-up"
+        ),
         "between the two, a sleep here: the CPU free, as while a model loads), timed from",
         "`iter()`, on the scaling workload: a loader built while the process is connected to",
         "Ray starts its actors then (they are placed and import torch during the set-up),",
         "against actors started by the first iteration, and Ray Data's pipeline built before",
         "the set-up. samples/s is over the whole epoch, the first batch included.",
         "",
-        *_table(["loader", "first batch", "epoch", "samples/s over the epoch",
-                 "against Ray Data"], rows),
+        *_table(
+            ["loader", "first batch", "epoch", "samples/s over the epoch", "against Ray Data"], rows
+        ),
     ]
 
 
@@ -521,19 +671,23 @@ def remote(data: dict[str, Any]) -> Section:
         if rate is None:
             cells = ["failed", _rate(ideal) if ideal else "-", "-", "-"]
         else:
-            cells = [f"{_rate(rate)}{mark}" + (f" ({rate / ideal:.2f}x)" if ideal else ""),
-                     _rate(ideal) if ideal else "-", _secs(r.get("first_s")),
-                     _secs(r.get("cpu_ms"), "ms")]
+            cells = [
+                f"{_rate(rate)}{mark}" + (f" ({rate / ideal:.2f}x)" if ideal else ""),
+                _rate(ideal) if ideal else "-",
+                _secs(r.get("first_s")),
+                _secs(r.get("cpu_ms"), "ms"),
+            ]
         k = name.rpartition("-")[2]
-        rd_runs = data.get("scaling", {}).get(f"raydata-{k}") if name.startswith(
-            "sl-remote-") else None
+        rd_runs = (
+            data.get("scaling", {}).get(f"raydata-{k}") if name.startswith("sl-remote-") else None
+        )
         if r.get("raydata_rate"):
             epoch = r.get("ratio_epoch")
-            cells += [_rate(r["raydata_rate"]) + ("" if r.get("raydata_all_rows", True)
-                                                   else " ‡"),
-                      f"{_secs(r.get('raydata_first_s'))} / {_secs(r.get('raydata_cpu_ms'), 'ms')}",
-                      f"{r['ratio_steady']:.2f}x / "
-                      + (f"{epoch:.2f}x" if epoch is not None else "-")]
+            cells += [
+                _rate(r["raydata_rate"]) + ("" if r.get("raydata_all_rows", True) else " ‡"),
+                f"{_secs(r.get('raydata_first_s'))} / {_secs(r.get('raydata_cpu_ms'), 'ms')}",
+                f"{r['ratio_steady']:.2f}x / " + (f"{epoch:.2f}x" if epoch is not None else "-"),
+            ]
         elif rd_runs:
             cells += ["failed", "-", "-"]
         else:
@@ -541,47 +695,74 @@ def remote(data: dict[str, Any]) -> Section:
         scaling.append([_workers_label(name), *cells])
 
     jpeg_sum = summary.get("jpeg", {})
-    jpeg_local = next((r for n, r in jpeg_sum.items()
-                       if n.startswith("sl-local-") and isinstance(r, dict)), {})
+    jpeg_local = next(
+        (r for n, r in jpeg_sum.items() if n.startswith("sl-local-") and isinstance(r, dict)), {}
+    )
     jpeg = []
     for name, r in jpeg_sum.items():
         if not isinstance(r, dict):
             continue
         rate, base = r.get("rate"), jpeg_local.get("rate")
-        ratio = (f" ({rate / base:.2f}x)" if rate and base and name.startswith("sl-remote-")
-                 else "")
-        jpeg.append([_workers_label(name).removeprefix("0 remote (").removesuffix(")"),
-                     f"{_rate(rate)}{ratio}" if rate else "failed", _secs(r.get("first_s")),
-                     _secs(r.get("epoch_s")), _secs(r.get("cpu_ms"), "ms")])
+        ratio = f" ({rate / base:.2f}x)" if rate and base and name.startswith("sl-remote-") else ""
+        jpeg.append(
+            [
+                _workers_label(name).removeprefix("0 remote (").removesuffix(")"),
+                f"{_rate(rate)}{ratio}" if rate else "failed",
+                _secs(r.get("first_s")),
+                _secs(r.get("epoch_s")),
+                _secs(r.get("cpu_ms"), "ms"),
+            ]
+        )
 
-    workloads = {"sleep": f"{params['sleep_ms']:g} ms wait per sample, batch {params['batch']}",
-                 "jpeg": f"JPEG decode + resize, batch {params['jpeg_batch']}"}
+    workloads = {
+        "sleep": f"{params['sleep_ms']:g} ms wait per sample, batch {params['batch']}",
+        "jpeg": f"JPEG decode + resize, batch {params['jpeg_batch']}",
+    }
     overhead = []
     for name, o in summary.get("overhead", {}).items():
-        firsts = [r["first_s"] for r in data.get("overhead", {}).get(name, [])
-                  if r.get("first_s") is not None]
-        overhead.append([
-            workloads.get(name, name),
-            f"{_secs(o['p50_ms'], 'ms')} / {_secs(o['p99_ms'], 'ms')} ({o['n']} batches)",
-            f"{_secs(o['collector_p50_ms'], 'ms')} / {_secs(o['collector_p99_ms'], 'ms')}",
-            f"{o['bytes_back_per_sample']:,.0f} B / {o['bytes_sent_per_sample']:,.0f} B",
-            _secs(statistics.median(firsts) if firsts else None),
-        ])
+        firsts = [
+            r["first_s"]
+            for r in data.get("overhead", {}).get(name, [])
+            if r.get("first_s") is not None
+        ]
+        overhead.append(
+            [
+                workloads.get(name, name),
+                f"{_secs(o['p50_ms'], 'ms')} / {_secs(o['p99_ms'], 'ms')} ({o['n']} batches)",
+                f"{_secs(o['collector_p50_ms'], 'ms')} / {_secs(o['collector_p99_ms'], 'ms')}",
+                f"{o['bytes_back_per_sample']:,.0f} B / {o['bytes_sent_per_sample']:,.0f} B",
+                _secs(statistics.median(firsts) if firsts else None),
+            ]
+        )
 
     fault_rows = summary.get("faults", {})
     faults = []
-    for key in [*(k for k in REMOTE_FAULTS if k in fault_rows),
-                *(k for k in fault_rows if k not in REMOTE_FAULTS)]:
+    for key in [
+        *(k for k in REMOTE_FAULTS if k in fault_rows),
+        *(k for k in fault_rows if k not in REMOTE_FAULTS),
+    ]:
         f = fault_rows[key]
         if not isinstance(f, dict) or "delivered" not in f:
             continue
-        stall = "-" if f.get("stall_s") is None else (
-            f"{f['stall_s']:.2f} s"
-            + (f" ({f['normal_gap_s'] * 1e3:.0f} ms)" if f.get("normal_gap_s") else ""))
-        faults.append([REMOTE_FAULTS.get(key, key), f"{f['delivered']} of {f['n']}",
-                       str(f["lost"]), str(f["duplicated"]), "yes" if f["in_order"] else "no",
-                       stall, f"`{f['error'].replace('|', '/')}`" if f.get("error")
-                       else "completed"])
+        stall = (
+            "-"
+            if f.get("stall_s") is None
+            else (
+                f"{f['stall_s']:.2f} s"
+                + (f" ({f['normal_gap_s'] * 1e3:.0f} ms)" if f.get("normal_gap_s") else "")
+            )
+        )
+        faults.append(
+            [
+                REMOTE_FAULTS.get(key, key),
+                f"{f['delivered']} of {f['n']}",
+                str(f["lost"]),
+                str(f["duplicated"]),
+                "yes" if f["in_order"] else "no",
+                stall,
+                f"`{f['error'].replace('|', '/')}`" if f.get("error") else "completed",
+            ]
+        )
 
     lines = [
         "## Remote workers",
@@ -589,19 +770,28 @@ def remote(data: dict[str, Any]) -> Section:
         "steadyload's remote workers (Ray actors) against local process workers, Ray Data and",
         "torch, in one run: one Ray cluster on loopback, a head with no CPU (the training",
         "process) and two 1-CPU worker nodes. Each remote worker is an actor asking for",
-        (f"{params['num_cpus_per_actor']:g} CPU; the loaders are remote-only "
-         "(`num_workers=0`). Every epoch is a"),
+        (
+            f"{params['num_cpus_per_actor']:g} CPU; the loaders are remote-only "
+            "(`num_workers=0`). Every epoch is a"
+        ),
         "fresh loader, so starting its actors counts. The nodes, Ray's own processes and the",
         "training process share the machine's cores: the wait-bound workload shows how the",
         "protocol scales, not how CPUs do. "
-        + (f"Repetitions interleaved, medians of {reps}." if reps > 1
-           else "One repetition of each configuration."),
+        + (
+            f"Repetitions interleaved, medians of {reps}."
+            if reps > 1
+            else "One repetition of each configuration."
+        ),
         "",
         *_provenance(data),
-        (f"Scaling, on a workload that waits {params['sleep_ms']:g} ms per sample "
-         "(the CPU free), batch"),
-        (f"{params['batch']}, {params['samples_per_worker']} samples per worker. "
-         "samples/s is the steady rate, from the k-th"),
+        (
+            f"Scaling, on a workload that waits {params['sleep_ms']:g} ms per sample "
+            "(the CPU free), batch"
+        ),
+        (
+            f"{params['batch']}, {params['samples_per_worker']} samples per worker. "
+            "samples/s is the steady rate, from the k-th"
+        ),
         "batch to the last (in brackets: against the linear ideal, k times the rate of one",
         "local process worker). The first batch is timed from right after building the loader",
         "(Ray was just asked for its actors). Trainer CPU is the training process's CPU time",
@@ -612,13 +802,24 @@ def remote(data: dict[str, Any]) -> Section:
         "Ray Data's, steady and over the whole epoch. ‡ marks an epoch whose batches were not",
         "torch's in torch's order (for Ray Data, whose order is its own: not every row once).",
         "",
-        *_table(["workers", "samples/s (vs linear)", "linear ideal", "first batch",
-                 "trainer CPU per batch", "Ray Data, k tasks: samples/s",
-                 "Ray Data: first batch / trainer CPU per batch",
-                 "steadyload / Ray Data: steady / whole epoch"], scaling),
+        *_table(
+            [
+                "workers",
+                "samples/s (vs linear)",
+                "linear ideal",
+                "first batch",
+                "trainer CPU per batch",
+                "Ray Data, k tasks: samples/s",
+                "Ray Data: first batch / trainer CPU per batch",
+                "steadyload / Ray Data: steady / whole epoch",
+            ],
+            scaling,
+        ),
         *_gap(params, summary),
-        (f"JPEG decode + resize to 224x224, batch {params['jpeg_batch']}, "
-         f"{params['jpeg_samples']} samples: local process"),
+        (
+            f"JPEG decode + resize to 224x224, batch {params['jpeg_batch']}, "
+            f"{params['jpeg_samples']} samples: local process"
+        ),
         "workers against as many remote workers on the same cores (in brackets: remote against",
         "local).",
         "",
@@ -630,18 +831,38 @@ def remote(data: dict[str, Any]) -> Section:
         "waits for the actor's start) is left out. Bytes per sample are the pickled size of",
         "what a task returns and of what is sent to it.",
         "",
-        *_table(["workload", "added latency p50 / p99", "at the collector thread p50 / p99",
-                 "bytes per sample back / sent", "first batch"], overhead),
-        (f"After a fault: an epoch of {params['fault_samples']} samples, batch 4, "
-         "the same wait per sample, 2"),
+        *_table(
+            [
+                "workload",
+                "added latency p50 / p99",
+                "at the collector thread p50 / p99",
+                "bytes per sample back / sent",
+                "first batch",
+            ],
+            overhead,
+        ),
+        (
+            f"After a fault: an epoch of {params['fault_samples']} samples, batch 4, "
+            "the same wait per sample, 2"
+        ),
         "workers (Ray Data: 2 tasks). After the 10th batch, from another thread while the loop",
         "keeps iterating, a node is removed (that of remote worker 0, or the one that made Ray",
         "Data's latest batch) or a worker process is SIGKILLed. Samples delivered, lost and",
         "duplicated are counted against the expected sequence; the stall is the longest gap",
         "between batches from the fault on (in brackets: the mean gap before it).",
         "",
-        *_table(["loader, fault", "delivered", "lost", "duplicated", "order kept",
-                 "stall (gap before)", "the epoch"], faults),
+        *_table(
+            [
+                "loader, fault",
+                "delivered",
+                "lost",
+                "duplicated",
+                "order kept",
+                "stall (gap before)",
+                "the epoch",
+            ],
+            faults,
+        ),
         *_notes(data),
     ]
     return lines, []
@@ -666,12 +887,25 @@ def state_dict(data: dict[str, Any]) -> Section:
     for w, by_measure in summary.items():
         for m, label in STATE_DICT_MEASURES.items():
             r = by_measure[m]
-            rows.append([STATE_DICT_WORKLOADS.get(w, w), label, f"{r['steadyload']:.2f}",
-                         f"{r['torchdata']:.2f}", f"{r['ratio']:.2f}x"])
+            rows.append(
+                [
+                    STATE_DICT_WORKLOADS.get(w, w),
+                    label,
+                    f"{r['steadyload']:.2f}",
+                    f"{r['torchdata']:.2f}",
+                    f"{r['ratio']:.2f}x",
+                ]
+            )
         sizes = results[w]
-        rows.append([STATE_DICT_WORKLOADS.get(w, w), "the state, pickled (bytes)",
-                     f"{sizes['steadyload']['state_bytes']:,}",
-                     f"{sizes['torchdata']['state_bytes']:,}", "-"])
+        rows.append(
+            [
+                STATE_DICT_WORKLOADS.get(w, w),
+                "the state, pickled (bytes)",
+                f"{sizes['steadyload']['state_bytes']:,}",
+                f"{sizes['torchdata']['state_bytes']:,}",
+                "-",
+            ]
+        )
     load = data.get("load_average")
     torchdata = f"torchdata {data['torchdata']}" if data.get("torchdata") else "torchdata"
     batch, calls, rounds = data["batch_size"], data["calls"], data["rounds"]
@@ -684,15 +918,16 @@ def state_dict(data: dict[str, Any]) -> Section:
         f"bench-only `.venv-peers`), the same workloads in one process, batch {batch}. Each",
         f"round times {calls:,} calls of each loader in turn (the order alternating), {rounds}",
         f"rounds; every call is timed on its own (`perf_counter_ns`, {timer:.0f} ns of it",
-        "included). \"After a `next()`\" is the save of a loop that saves every step (a new",
-        "position each time); \"again\" calls it repeatedly at one position; `next()` is there",
+        'included). "After a `next()`" is the save of a loop that saves every step (a new',
+        'position each time); "again" calls it repeatedly at one position; `next()` is there',
         "for scale. Medians, in µs per call; the ratio is steadyload / torchdata (above 1:",
         "steadyload costs more)."
         + (f" Load average (1 min): {load[0]:.2f} before, {load[1]:.2f} after." if load else ""),
         "",
         *_provenance(data),
-        *_table(["workload", "measure", "steadyload µs", "torchdata µs",
-                 "steadyload / torchdata"], rows),
+        *_table(
+            ["workload", "measure", "steadyload µs", "torchdata µs", "steadyload / torchdata"], rows
+        ),
         *_notes(data),
     ]
     return lines, []
@@ -714,8 +949,17 @@ def ledger(data: dict[str, Any]) -> Section:
         f"{data['rounds']} rounds; the ledger's size on disk per sample and per step.",
         "",
         *_provenance(data),
-        *_table(["loader", "without, s", "with ledger, s", "overhead", "bytes per sample",
-                 "bytes per step"], rows),  # fmt: skip
+        *_table(
+            [
+                "loader",
+                "without, s",
+                "with ledger, s",
+                "overhead",
+                "bytes per sample",
+                "bytes per step",
+            ],
+            rows,
+        ),  # fmt: skip
         *_notes(data),
     ]
     return lines, []
@@ -768,7 +1012,7 @@ def render(results: Path, out: Path, plots: bool = True) -> Path:
         toc.append(f"- [{title}](#{anchor}) (`benchmarks/results/{name}.json`)")
         lines += body
         figures += section_plots
-    lines[len(HEADER):len(HEADER)] = [*toc, ""]
+    lines[len(HEADER) : len(HEADER)] = [*toc, ""]
     page = out / "benchmarks.md"
     page.write_text("\n".join(lines).rstrip() + "\n")
     if plots and figures:
@@ -782,8 +1026,9 @@ def render(results: Path, out: Path, plots: bool = True) -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--out", type=Path, default=DOCS)
     ap.add_argument("--no-plots", action="store_true", help="write the page only")
