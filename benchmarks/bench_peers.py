@@ -1,25 +1,42 @@
-"""steadyload against torch's DataLoader and the peer loaders, four workloads, one run.
+"""steadyload against torch's DataLoader and the peer loaders, four workloads, two shapes.
 
-Usage: python3 benchmarks/bench_peers.py [--reps N] [--quick] [--json out.json]
+Usage: python3 benchmarks/bench_peers.py [--shape short|steady|both] [--reps N] [--quick]
+       [--workloads jpeg,python,tiny,big] [--loaders torch-fork,...] [--json out.json]
 
 The peers (torchdata 0.11 nodes, SPDL 0.8, Grain 0.2.18) live in a bench-only virtual
 environment, ``.venv-peers`` (created on first use, torch==2.13.0 CPU build pinned), never
 in steadyload's dependencies; run with any python3 and the script re-runs itself there.
 
-Workloads (2 workers everywhere):
-  jpeg    decode + resize of JPEG files from disk (PIL: releases the GIL), batch 32
-  python  ~2 ms of pure-Python work per sample (holds the GIL), batch 16
-  tiny    16 floats + an int per sample, batch 64: the per-batch overhead
+Workloads (2 workers everywhere; batch sizes per shape below):
+  jpeg    decode + resize of JPEG files from disk (PIL: releases the GIL)
+  python  ~2 ms of pure-Python work per sample (holds the GIL)
+  tiny    16 floats + an int per sample: the per-batch overhead
   big     3x224x224 float32 per sample, batch 32: 19 MB batches, no compute (transport)
 Loaders: torch (fork, forkserver), steadyload (process, thread, auto), torchdata.nodes
 (thread, process ParallelMapper), SPDL (thread pipeline), Grain (DataLoader processes,
-IterDataset threads). Every run is a fresh process: time to the first batch (loader built
-to batch in hand; the imports and one garbage collection are done before), samples/s,
-peak PSS of the process tree (sampled every 100 ms), and a checksum of every batch, compared
-with torch's in-process batches ("same" column). samples/s is the steady state: over the
-second half of the batches (start-up, warm-up and steadyload's hand-over from threads to
-processes fall in the first half; the first-batch column shows the start). Repetitions
-are interleaved: rep 1 of every loader, then rep 2, ...; medians are shown.
+IterDataset threads).
+
+Every run is a fresh process, in either shape: time to the first batch ("first": loader
+built to batch in hand; the imports and one garbage collection are done before), peak PSS
+of the process tree (sampled every 100 ms), and a checksum of every batch, compared with
+torch's in-process batches ("same" column). Repetitions are interleaved: rep 1 of every
+loader, then rep 2, ...; medians are shown.
+
+Shapes (``--shape``, default both; ``--json`` keeps the steady shape's keys ``runs``,
+``summary`` and ``reps`` and adds the short shape's ``short_runs``, ``short_summary`` and
+``short_workloads``):
+  steady  long epochs (WORKLOADS: jpeg batch 32 x 120, python 16 x 800, tiny 64 x 10,000,
+          big 32 x 300). samples/s is the steady state: over the second half of the
+          batches (start-up, warm-up and steadyload's hand-over from threads to processes
+          fall in the first half; the first-batch column shows the start).
+  short   a short first epoch of about 60 batches (SHORT_WORKLOADS: jpeg 32, python 32,
+          tiny 256, big 32), what a validation pass or a small dataset looks like: samples/s
+          from the first batch's arrival to the last batch (batches 2..N), the epoch's wall
+          time from just before building the loader to the last batch ("epoch"), and all
+          its samples over that time ("epoch rate": start-up included).
+After each workload's table, auto against the better of steadyload's fixed choices
+(sl-process, sl-thread); for the short shape also sl-process's and sl-auto's first batch
+against torch with fork, and the best peer (of those whose batches are the same).
 """
 
 from __future__ import annotations
@@ -59,6 +76,13 @@ WORKLOADS = {  # name: (batch size, batches, quick batches): auto's hand-over to
     "tiny": (64, 10000, 100),
     "big": (32, 300, 12),
 }
+SHORT_WORKLOADS = {  # name: (batch size, batches, quick batches): a short first epoch
+    "jpeg": (32, 60, 8),
+    "python": (32, 60, 8),
+    "tiny": (256, 60, 8),
+    "big": (32, 60, 8),
+}
+SHAPES = {"short": SHORT_WORKLOADS, "steady": WORKLOADS}
 
 # The environment (benchmarks/peers_env.py): before torch is imported, python3 alone may
 # not have it.
@@ -162,9 +186,7 @@ def make_jpegs(folder: Path, count: int = 256) -> None:
         img.save(folder / f"{i:04d}.jpg", quality=90)
 
 
-def dataset(workload: str, batches: int) -> Any:
-    size = WORKLOADS[workload][0]
-    n = size * batches
+def dataset(workload: str, n: int) -> Any:
     if workload == "jpeg":
         folder = OUT / "peers-jpegs"
         make_jpegs(folder)
@@ -275,9 +297,9 @@ def _import_for(kind: str) -> None:
         import grain.python  # noqa: F401
 
 
-def child(workload: str, kind: str, batches: int) -> dict[str, Any]:
-    size = WORKLOADS[workload][0]
-    ds = dataset(workload, batches)
+def child(workload: str, kind: str, batches: int, shape: str) -> dict[str, Any]:
+    size = SHAPES[shape][workload][0]
+    ds = dataset(workload, size * batches)
     if kind == "reference":
         reference = torch.utils.data.DataLoader(ds, batch_size=size)
         return {"sums": [_checksum(b) for b in reference]}
@@ -298,32 +320,36 @@ def child(workload: str, kind: str, batches: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     loader, it = make_loader(kind, ds, size)
     first = next(it)
-    first_s = time.perf_counter() - t0
+    t_first = time.perf_counter()
     sums = [_checksum(first)]
-    stamps = []
+    stamps = []  # batches 2..N
     for batch in it:
         sums.append(_checksum(batch))
         stamps.append(time.perf_counter())
-    # Steady state: the second half of the batches (start-up, a hand-over and warm-up are
-    # in the first half and in the first-batch time).
-    half = stamps[len(stamps) // 2 :]
-    samples, t_first, t_last = size * (len(half) - 1), half[0], half[-1]
     stop.set()
     sampler.join()
     choice = loader.report().worker_type_choice if kind == "sl-auto" else None
     del it
-    return {
-        "first_s": first_s,
-        "rate": samples / (t_last - t_first),
-        "peak_pss": peak[0],
-        "sums": sums,
-        "choice": choice,
-    }
+    out = {"first_s": t_first - t0, "peak_pss": peak[0], "sums": sums, "choice": choice}
+    if shape == "steady":
+        # Steady state: the second half of the batches (start-up, a hand-over and warm-up
+        # are in the first half and in the first-batch time).
+        half = stamps[len(stamps) // 2 :]
+        out["rate"] = size * (len(half) - 1) / (half[-1] - half[0])
+        return out
+    # Short epoch: from the first batch in hand to the last, and the whole epoch from just
+    # before the loader was built (what a validation pass costs).
+    t_last = stamps[-1] if stamps else t_first
+    if stamps:
+        out["rate"] = size * len(stamps) / (t_last - t_first)
+    out["epoch_s"] = t_last - t0
+    out["epoch_rate"] = size * (len(stamps) + 1) / (t_last - t0)
+    return out
 
 
-def _run_child(workload: str, kind: str, batches: int) -> dict[str, Any]:
+def _run_child(workload: str, kind: str, batches: int, shape: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", workload, kind, str(batches)],
+        [sys.executable, __file__, "--child", workload, kind, str(batches), shape],
         capture_output=True,
         text=True,
         timeout=600,
@@ -335,28 +361,59 @@ def _run_child(workload: str, kind: str, batches: int) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# -- the table ----------------------------------------------------------------------------
+# -- the tables ---------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=["short", "steady", "both"], default="both")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer batches (a smoke run)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--loaders", default=",".join(LOADERS))
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        workload, kind, batches = args.child
-        print(json.dumps(child(workload, kind, int(batches))))
+        workload, kind, batches, shape = args.child
+        print(json.dumps(child(workload, kind, int(batches), shape)))
         return
     workloads, loaders = args.workloads.split(","), args.loaders.split(",")
+    shapes = ["short", "steady"] if args.shape == "both" else [args.shape]
+    results: dict[str, Any] = {}
+    for shape in shapes:
+        runs = _measure(shape, workloads, loaders, args.reps, args.quick)
+        table = _short_table if shape == "short" else _table
+        summary = table(runs, workloads, loaders)
+        prefix = "short_" if shape == "short" else ""
+        results[f"{prefix}runs"] = {f"{w}/{k}": v for (w, k), v in runs.items()}
+        results[f"{prefix}summary"] = summary
+        if shape == "short":
+            results["short_workloads"] = {
+                w: {"batch_size": SHORT_WORKLOADS[w][0], "batches": _batches(shape, w, args)}
+                for w in workloads
+            }
+    if args.json:
+        from bench_json import write_json
+
+        write_json(args.json, {"reps": args.reps, **results})
+
+
+def _batches(shape: str, workload: str, args: argparse.Namespace) -> int:
+    return SHAPES[shape][workload][2 if args.quick else 1]
+
+
+def _measure(
+    shape: str, workloads: list[str], loaders: list[str], reps: int, quick: bool
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Every loader's runs of one shape: fresh processes, repetitions interleaved."""
+    print(f"-- {shape} shape", flush=True)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for workload in workloads:
-        batches = WORKLOADS[workload][2 if args.quick else 1]
-        reference = _run_child(workload, "reference", batches)
-        for rep in range(args.reps):
+        batches = SHAPES[shape][workload][2 if quick else 1]
+        reference = _run_child(workload, "reference", batches, shape)
+        for rep in range(reps):
             for kind in loaders:  # interleaved: one of each, then again
-                r = _run_child(workload, kind, batches)
+                began = time.perf_counter()
+                r = _run_child(workload, kind, batches, shape)
                 r["same"] = r.get("sums") == reference.get("sums")
                 r.pop("sums", None)
                 runs.setdefault((workload, kind), []).append(r)
@@ -365,24 +422,16 @@ def main() -> None:
                     + (
                         r["error"]
                         if "error" in r
-                        else f"{r['rate']:9.1f}/s first {r['first_s'] * 1e3:7.1f} ms "
-                        f"PSS {r['peak_pss'] / 2**20:6.0f} MiB same={r['same']}"
+                        else f"{r.get('rate', float('nan')):9.1f}/s "
+                        f"first {r['first_s'] * 1e3:7.1f} ms "
+                        + (f"epoch {r['epoch_s']:6.2f} s " if "epoch_s" in r else "")
+                        + f"PSS {r['peak_pss'] / 2**20:6.0f} MiB same={r['same']} "
+                        f"[run {time.perf_counter() - began:.1f} s]"
                         + (f"\n      {r['choice']}" if r.get("choice") else "")
                     ),
                     flush=True,
                 )
-    summary = _table(runs, workloads, loaders)
-    if args.json:
-        from bench_json import write_json
-
-        write_json(
-            args.json,
-            {
-                "reps": args.reps,
-                "runs": {f"{w}/{k}": v for (w, k), v in runs.items()},
-                "summary": summary,
-            },
-        )
+    return runs
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -414,6 +463,12 @@ def _table(
             )
         peers = {k: v for k, v in rows.items() if not k.startswith("sl-") and v["rate"]}
         auto = rows.get("sl-auto", {})
+        fixed = _better(rows, "rate")
+        if fixed and auto.get("rate"):
+            print(
+                "  auto vs the better of sl-process/sl-thread "
+                f"({fixed}): {auto['rate'] / rows[fixed]['rate']:.2f}x"
+            )
         if peers and auto.get("rate"):
             best = max(peers, key=lambda k: peers[k]["rate"])
             lean = min(peers, key=lambda k: peers[k]["peak_pss"])
@@ -424,6 +479,63 @@ def _table(
                 f"{auto['peak_pss'] / peers[lean]['peak_pss']:.2f}x; first batch vs torch "
                 "fork: " + (f"{auto['first_s'] / fork_first:.2f}x" if fork_first else "-")
             )
+        summary[workload] = rows
+    return summary
+
+
+def _better(rows: dict[str, Any], key: str) -> str | None:
+    """The better of steadyload's fixed choices (sl-process, sl-thread) by ``key``."""
+    fixed = [k for k in ("sl-process", "sl-thread") if rows.get(k, {}).get(key)]
+    return max(fixed, key=lambda k: rows[k][key]) if fixed else None
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def _short_table(
+    runs: dict[tuple[str, str], list[dict[str, Any]]], workloads: list[str], loaders: list[str]
+) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for workload in workloads:
+        print(
+            f"\n{workload} (short epoch): samples/s from the first batch, first batch, epoch "
+            "from iter() and its samples/s, peak PSS, same batches"
+        )
+        rows = {}
+        for kind in loaders:
+            rs = runs[(workload, kind)]
+            row = {k: _median(rs, k) for k in ("rate", "first_s", "epoch_s", "epoch_rate")}
+            row["peak_pss"] = _median(rs, "peak_pss")
+            row["same"] = all(r.get("same") for r in rs)
+            rows[kind] = row
+            if row["epoch_s"] is None:
+                print(f"  {kind:16s} failed: {rs[0].get('error')}")
+                continue
+            print(
+                f"  {kind:16s} {row['rate'] or float('nan'):9.1f}/s  "
+                f"first {row['first_s'] * 1e3:7.1f} ms  epoch {row['epoch_s']:6.2f} s "
+                f"{row['epoch_rate']:9.1f}/s  PSS {row['peak_pss'] / 2**20:6.0f} MiB  "
+                f"{'same' if row['same'] else 'DIFFERENT'}"
+            )
+        auto, fork = rows.get("sl-auto", {}), rows.get("torch-fork", {})
+        fixed, fixed_epoch = _better(rows, "rate"), _better(rows, "epoch_rate")
+        vs_fixed = _ratio(auto.get("rate"), rows[fixed]["rate"] if fixed else None)
+        vs_fixed_epoch = _ratio(
+            auto.get("epoch_rate"), rows[fixed_epoch]["epoch_rate"] if fixed_epoch else None
+        )
+        peers = {
+            k: v for k, v in rows.items() if not k.startswith("sl-") and v["rate"] and v["same"]
+        }
+        best = max(peers, key=lambda k: peers[k]["rate"]) if peers else None
+        print(
+            f"  auto vs the better of sl-process/sl-thread: {vs_fixed} (from the first batch), "
+            f"{vs_fixed_epoch} (epoch from iter()); sl-process first batch vs torch fork: "
+            f"{_ratio(rows.get('sl-process', {}).get('first_s'), fork.get('first_s'))}; "
+            "sl-auto first batch vs torch fork: "
+            f"{_ratio(auto.get('first_s'), fork.get('first_s'))}; best peer: "
+            + (f"{best} {peers[best]['rate']:.1f}/s" if best else "-")
+        )
         summary[workload] = rows
     return summary
 

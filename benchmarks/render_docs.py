@@ -169,6 +169,27 @@ def _peer_rows(
 
 
 def peers(data: dict[str, Any]) -> Section:
+    """The steady shape's tables (``summary``) and the short epoch's (``short_summary``),
+    each when its file has it."""
+    if "summary" not in data:
+        return [
+            "## steadyload against torch and the peer loaders",
+            "",
+            "steadyload against torch and the peer loaders (torchdata.nodes, SPDL, Grain;",
+            "installed by the script into a bench-only `.venv-peers`, never steadyload's",
+            "dependencies), four workloads, 2 workers each, every run a fresh process,",
+            "repetitions interleaved, medians. Every loader's batches are checked against torch's",
+            "in-process batches; ‡ marks a loader whose batches differ (not like for like).",
+            "",
+            *_provenance(data),
+            *_peers_short(data),
+            *_notes(data),
+        ], []
+    lines, plots = _peers_steady(data)
+    return [*lines, *_peers_short(data), *_notes(data)], plots
+
+
+def _peers_steady(data: dict[str, Any]) -> Section:
     summary = data["summary"]
     workloads = [w for w in WORKLOAD_NAMES if w in summary]
     loaders = [k for k in PEER_NAMES if any(k in summary[w] for w in workloads)]
@@ -226,13 +247,15 @@ def peers(data: dict[str, Any]) -> Section:
         "torch with fork (first batch) and the leanest loader with the same batches (peak PSS):",
         "",
         *_table(["workload", "throughput", "first batch vs torch fork", "peak PSS"], goals),
-        *_notes(data),
     ]
 
     def plot(out: Path) -> None:
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 4.5), sharey=True)
+        fig, grid = plt.subplots(
+            1, len(workloads), figsize=(4 * len(workloads), 4.5), sharey=True, squeeze=False
+        )
+        axes = grid[0]  # a row of Axes, one workload included
         for ax, w in zip(axes, workloads, strict=True):
             kinds = [k for k in loaders if summary[w].get(k, {}).get("rate")]
             rates = [summary[w][k]["rate"] for k in kinds]
@@ -253,6 +276,88 @@ def peers(data: dict[str, Any]) -> Section:
         plt.close(fig)
 
     return lines, [(png, plot)]
+
+
+SHORT_WORKLOAD_NAMES = {
+    "jpeg": "JPEG decode + resize",
+    "python": "~2 ms pure Python",
+    "tiny": "tiny (16 floats + int)",
+    "big": "19 MB batches (3x224x224 float32)",
+}
+
+
+def _peers_short(data: dict[str, Any]) -> list[str]:
+    """The short epoch's table, from ``short_summary``; nothing when the file has none."""
+    summary = data.get("short_summary")
+    if not summary:
+        return []
+    shapes = data.get("short_workloads", {})
+
+    def rates(r: dict[str, Any] | None) -> str:
+        if not r or r.get("rate") is None:
+            return "-"
+        mark = "" if r.get("same", True) else " ‡"
+        return f"{_rate(r['rate'])} / {_rate(r['epoch_rate'])}{mark}"
+
+    def first(r: dict[str, Any] | None) -> str:
+        return "-" if not r or r.get("first_s") is None else f"{r['first_s'] * 1e3:,.0f} ms"
+
+    def ratio(auto: dict[str, Any], rows: dict[str, Any], key: str) -> str:
+        fixed = [rows[k][key] for k in ("sl-process", "sl-thread") if rows.get(k, {}).get(key)]
+        return f"{auto[key] / max(fixed):.2f}x" if fixed and auto.get(key) else "-"
+
+    table = []
+    for w in [w for w in WORKLOAD_NAMES if w in summary]:
+        rows = summary[w]
+        label = SHORT_WORKLOAD_NAMES.get(w, w)
+        if w in shapes:
+            size, batches = shapes[w]["batch_size"], shapes[w]["batches"]
+            label += f", batch {size}, {size * batches:,} samples ({batches} batches)"
+        peers = {
+            k: r
+            for k, r in rows.items()
+            if not k.startswith("sl-") and r.get("rate") and r.get("same")
+        }
+        best = max(peers, key=lambda k: peers[k]["rate"]) if peers else None
+        auto = rows.get("sl-auto") or {}
+        table.append(
+            [
+                label,
+                rates(rows.get("sl-process")),
+                rates(auto),
+                rates(rows.get("sl-thread")),
+                f"{rates(peers[best])} ({PEER_NAMES.get(best, best)})" if best else "-",
+                first(rows.get("torch-fork")),
+                first(rows.get("sl-process")),
+                first(auto),
+                f"{ratio(auto, rows, 'rate')} / {ratio(auto, rows, 'epoch_rate')}",
+            ]
+        )
+    return [
+        "A short first epoch (each run a fresh process, about 60 batches): samples/s from the",
+        "first batch's arrival to the last batch, then over the whole epoch, timed from just",
+        "before the loader is built to its last batch (what a validation pass costs: start-up,",
+        '`worker_type="auto"`\'s measurement and hand-over included). "processes (default)" is',
+        'steadyload\'s default `worker_type="process"`; the best peer is the fastest loader',
+        "other than steadyload's with the same batches (from the first batch). The last column",
+        "is auto against the better of steadyload's two fixed choices (processes, threads), on",
+        "each measure.",
+        "",
+        *_table(
+            [
+                "workload",
+                "processes (default): samples/s from the first batch / over the epoch",
+                "auto",
+                "threads",
+                "best peer",
+                "torch fork first batch",
+                "default first batch",
+                "auto first batch",
+                "auto / better fixed: from the first batch / epoch",
+            ],
+            table,
+        ),
+    ]
 
 
 def kept_tensors(data: dict[str, Any]) -> Section:
