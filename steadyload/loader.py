@@ -211,9 +211,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._checkpoints.use_ledger(self._options.ledger, self._options.ledger_key)
         self._report_every: tuple[float, Callable[[LoaderReport], None]] | None = None
         inheriting = getattr(multiprocessing.current_process(), "_inheriting", False)
-        if num_workers > 0 and worker_type == "process" and not inheriting:
+        if num_workers > 0 and not inheriting and self._plans.starts_early(self):
             # Start the fork server now, so that its imports overlap with the caller's
-            # set-up (building the model). Not while this process is itself a worker
+            # set-up (building the model), or fork the zygote while this process is still
+            # GPU-free and has no thread. Not while this process is itself a worker
             # importing the main script: a loader built at top level is harmless there.
             self._plans.start_context(self)
         # Remote workers likewise, when this process is connected to Ray (warm.py).

@@ -111,10 +111,12 @@ def _fds() -> set[int]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _warm_forkserver() -> None:
-    """Start the fork server (and resource tracker) once, before leak baselines are taken."""
+    """Start the fork server (and resource tracker) once, before leak baselines are taken,
+    and the zygote where start_method="auto" would fork it (both live as long as pytest)."""
     from steadyload.start.context import resolve_context
 
     resolve_context("forkserver", None, None)
+    resolve_context("auto", None, None)
 
 
 def _threads() -> set[str]:

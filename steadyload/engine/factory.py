@@ -37,9 +37,6 @@ class PoolPlan:
     """How the processes start, and the fork server's preloads ("process")."""
     processes: Callable[[], tuple[BaseContext, StartInfo]] | None = None
     """"auto": the processes' context and start, resolved only if they are needed."""
-    warm: bool = False
-    """"auto": resolving ``processes`` only starts a fork server in the background (no fork
-    of this process), so it may be done as soon as the figures lean to processes."""
     remote: RemoteWorkers | None = None
     """Remote workers (Ray actors) beside the local ones, with the ids after theirs."""
     prestarted: Prestarted | None = None
@@ -98,7 +95,7 @@ def _local_pool(
     pool: WorkerPool
     if plan.kind == "auto":
         assert plan.processes is not None
-        pool = HandoverPool(config, num_workers, plan.processes, process_checks, warm=plan.warm)
+        pool = HandoverPool(config, num_workers, plan.processes, process_checks)
     elif plan.kind == "thread":
         pool = ThreadPool(config, num_workers)
     else:

@@ -1,11 +1,12 @@
 """Start-method choice: the multiprocessing context a loader's workers start with.
 
 The start method is always local to a loader (a context object), never set globally with
-`multiprocessing.set_start_method`. forkserver (the default on Linux) warms the
-process-wide fork server with steadyload's preloads (`preload.py`); the opt-in "zygote"
-(a fork server forked from this process, `zygote.py`) is refused when a GPU context exists
-at the fork and warned about when threads run (`guards.py`). `prestart` starts either
-ahead of time.
+`multiprocessing.set_start_method`. "auto" (the default) picks the zygote (a fork server
+forked from this process, `zygote.py`) where forking now is safe and cheap, by the rule
+in `rule.py`, and forkserver otherwise (and spawn where the platform has no forkserver).
+forkserver warms the process-wide fork server with steadyload's preloads (`preload.py`);
+an explicit "zygote" is refused when a GPU context exists at the fork and warned about
+when threads run (`guards.py`). `prestart` starts either ahead of time.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from . import launch, zygote
+from . import launch, rule, zygote
 from .guards import check_zygote_safe, warn_threads
 from .preload import ensure_forkserver, parent_imports
 
@@ -35,19 +36,28 @@ class StartInfo:
     preload: tuple[str, ...]
     """Modules the fork server was asked to import by steadyload (empty: none, or the
     server was started by someone else)."""
+    why: str = ""
+    """Why ``start_method="auto"`` chose it (empty: it was asked for)."""
 
 
 def default_method() -> str:
-    """forkserver where the platform has it (Linux), else spawn; never fork by default."""
+    """forkserver where the platform has it (Linux), else spawn; never fork by default
+    (``start_method="auto"`` may take the zygote instead: `auto_method`)."""
     methods = multiprocessing.get_all_start_methods()
     return "forkserver" if "forkserver" in methods and sys.platform != "darwin" else "spawn"
 
 
-def warms_in_background(start_method: str, explicit: object) -> bool:
-    """Whether `resolve_context` for these would only start CPython's fork server, in the
-    background (no fork of this process): safe while thread workers run."""
-    return explicit is None and start_method in ("auto", "forkserver") and (
-        default_method() == "forkserver")
+def auto_method(found: rule.StartFacts | None = None) -> tuple[str, str]:
+    """What ``start_method="auto"`` picks here now, and why: the zygote or forkserver by
+    the rule (rule.py) where forkserver exists, else spawn. ``found``: injected facts."""
+    if default_method() != "forkserver":
+        return "spawn", "this platform has no forkserver"
+    return rule.choose(found if found is not None else rule.facts())
+
+
+def zygote_is_auto_choice() -> bool:
+    """Whether ``start_method="auto"`` would take the zygote now (it runs, or may be forked)."""
+    return auto_method()[0] == "zygote"
 
 
 def prestart(preload: Iterable[str] = ("torch",), *, start_method: str = "forkserver") -> None:
@@ -125,6 +135,7 @@ def resolve_context(
     Raises:
         UnsafeForkError: "zygote" must fork it now, and a CUDA/ROCm context exists here.
     """
+    why = ""
     if multiprocessing_context is not None:
         ctx = multiprocessing_context
     elif start_method == "zygote":
@@ -132,15 +143,22 @@ def resolve_context(
         _ensure_zygote(stacklevel=6)
         ctx = zygote.CONTEXT
     else:
-        method = default_method() if start_method == "auto" else start_method
-        # CPython's forkserver, but a worker start never waits forever (launch.py).
-        ctx = launch.FORKSERVER if method == "forkserver" else multiprocessing.get_context(method)
+        method = start_method
+        if start_method == "auto":
+            method, why = auto_method()
+        if method == "zygote":  # the rule found the fork safe (and no thread to warn of)
+            zygote.ensure(check_zygote_safe)
+            ctx = zygote.CONTEXT
+        else:
+            # CPython's forkserver, but a worker start never waits forever (launch.py).
+            ctx = launch.FORKSERVER if method == "forkserver" else multiprocessing.get_context(
+                method)
     method = ctx.get_start_method()
     preload: tuple[str, ...] = ()
     if method == "forkserver":
         extra = (*parent_imports(), *((dataset_module,) if dataset_module else ()))
         preload = ensure_forkserver(extra)
-    return ctx, StartInfo(method=method, preload=preload)
+    return ctx, StartInfo(method=method, preload=preload, why=why)
 
 
 prestart.__module__ = "steadyload"  # public name (see steadyload/__init__.py)

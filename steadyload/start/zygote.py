@@ -181,7 +181,8 @@ def _run_zygote(
         os.close(alive_w)  # else the zygote would keep itself alive
         _become_server()
         _import_main(main)
-        gc.freeze()  # what importing the main script made
+        _warm_worker_start()
+        gc.freeze()  # what importing the main script and the warm-up made
         # Restored in each worker by forkserver._serve_one (it saves the handlers in force).
         signal.signal(signal.SIGINT, signal.default_int_handler)
         forkserver.main(listener_fd, alive_r, [], None, None)
@@ -216,6 +217,18 @@ def _become_server() -> None:
     # The process-wide fork server is the parent's child, not ours: a worker starting one
     # of its own must not wait on it.
     setattr(forkserver._forkserver, "_forkserver_pid", None)  # noqa: B010  # private CPython state
+
+
+def _warm_worker_start() -> None:
+    """Do once here what every worker's start would do again: import numpy's random module
+    (torch's worker seeding needs it) and read the source lines of this stack (torch's
+    lazy CUDA/XPU seeding formats the caller's stack, and the zygote's stack is the
+    worker's, as deep as the script's at the fork)."""
+    try:
+        import numpy.random  # noqa: F401
+    except ImportError:
+        pass
+    traceback.format_stack()  # fills linecache, which the workers inherit
 
 
 def _import_main(main: tuple[str, str] | None) -> None:

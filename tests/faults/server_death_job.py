@@ -41,9 +41,11 @@ if __name__ == "__main__":
             "process", "forced by the test")
         marker_dir = tempfile.mkdtemp()
         loader = sl.DataLoader(HandsOver(48, marker_dir, 0.05, at=2), batch_size=2,
-                               num_workers=4, max_restarts=3, worker_type="auto")  # fmt: skip
-    else:
-        loader = sl.DataLoader(Slow(48, 0.05), batch_size=2, num_workers=4, max_restarts=3)
+                               num_workers=4, max_restarts=3, worker_type="auto",
+                               start_method="forkserver")  # fmt: skip
+    else:  # the fork server's death is what is tested (the zygote's: test_zygote.py)
+        loader = sl.DataLoader(Slow(48, 0.05), batch_size=2, num_workers=4, max_restarts=3,
+                               start_method="forkserver")  # fmt: skip
     it = iter(loader)
     got = next(it).tolist()
     while loader.report().worker_kind != "process":  # auto: until the processes run

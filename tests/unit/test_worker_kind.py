@@ -128,3 +128,30 @@ def test_the_first_figures_lean_to_processes_before_they_decide() -> None:
     assert not worker_kind.leans_to_processes((2, 64, 0.064), _probe(lean, 0.0))  # free GIL
     assert worker_kind.leans_to_processes((2, 128, 0.002), _probe(lean, 0.0))  # cheap, 1 ms
     assert not worker_kind.leans_to_processes((2, 2, 0.00002), _probe(lean, 1.0))  # tiny tasks
+
+
+def test_a_clearly_busy_gil_decides_after_one_batch_per_thread() -> None:
+    """A short epoch cannot wait for the full figures: far past the line, toward processes,
+    the rule decides on the early ones (one measured batch per thread, `EARLY_WALL_S`)."""
+    clear = worker_kind.CLEAR_PROBES
+    early = (2, 64, worker_kind.EARLY_WALL_S)  # one batch past its first on each thread
+    busy = live_choice(early, 2, _probe(clear, worker_kind.CLEAR_BUSY_SHARE))
+    assert busy is not None and busy.kind == "process"
+    assert live_choice(early, 2, _probe(clear - 1, 1.0)) is None  # too few probes yet
+    assert live_choice((1, 32, 1.0), 2, _probe(100, 1.0)) is None  # one thread's batch
+    assert live_choice((2, 64, worker_kind.EARLY_WALL_S / 2), 2, _probe(100, 1.0)) is None
+    # Busy, but not clearly: the full figures as before; and a free GIL never early.
+    assert live_choice(early, 2, _probe(100, worker_kind.CLEAR_BUSY_SHARE - 0.1)) is None
+    assert live_choice(early, 2, _probe(100, 0.0)) is None
+
+
+def test_cheap_samples_in_batches_clearly_worth_sending_decide_early() -> None:
+    """A GIL-bound collate of many small samples (batch 256 of 16 floats and an int) goes
+    to processes after one batch per thread when a batch costs twice the line."""
+    line, wall = worker_kind.MIN_PROCESS_BATCH_S, worker_kind.EARLY_WALL_S
+    tasks = round(wall / (2 * line))  # batches of twice the line, for EARLY_WALL_S
+    heavy = live_choice((tasks, tasks * 256, wall), 2, _probe(0, 0.0))
+    assert heavy is not None and heavy.kind == "process"
+    assert "and a batch (1.0 ms) is worth sending" in heavy.reason
+    tasks = round(wall / (1.5 * line))
+    assert live_choice((tasks, tasks * 256, wall), 2, _probe(0, 0.0)) is None  # not clearly

@@ -24,13 +24,17 @@ stays on threads and says why.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+import time
+import weakref
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from ...start import zygote
 from ..config import WorkerConfig
 from ..events import Died, GlobalRngDrawn, Received, WorkersChosen
 from ..pool import WorkerPool, wait_any
@@ -43,6 +47,17 @@ from .worker_kind import GilProbe, WorkerChoice, chose, leans_to_processes, live
 _LOG = logging.getLogger(__name__)
 _OUTCOMES = (Received, Failed, Empty, Exhausted)
 CHOSEN = -1  # the "worker id" of the WorkersChosen event
+_HELPERS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+@atexit.register
+def _join_helpers(timeout_s: float = 30.0) -> None:
+    """At exit, let a process start still under way finish and stop its workers: killed
+    half-way (a daemon thread at exit), it would leave the fork server reading a truncated
+    request, which prints a traceback after a good run. Bounded. [Unit: second]"""
+    deadline = time.monotonic() + timeout_s
+    for helper in list(_HELPERS):
+        helper.join(max(deadline - time.monotonic(), 0.0))
 
 
 class _LiveViews(Sequence[Any]):
@@ -69,13 +84,10 @@ class HandoverPool(RoutedPool):
         num_workers: int,
         processes: Callable[[], tuple[BaseContext, Any]],
         prepare: Callable[[str], None],
-        *,
-        warm: bool = False,
     ) -> None:
         """``processes``: the start context, resolved only if processes are needed;
         ``prepare``: the checks a process start needs, given its method."""
         self._config = config
-        self._warm = warm  # start the fork server once the figures lean to processes
         self._num_workers = num_workers
         self._processes = processes
         self._prepare = prepare
@@ -85,7 +97,8 @@ class HandoverPool(RoutedPool):
         self._started: ProcessPool | None = None  # set by the helper once its start succeeded
         self._start_error: BaseException | None = None
         self._lock = threading.Lock()  # between the helper's result and `shutdown`
-        self._closing = False
+        self._unwanted = False  # the iterator is gone or threads were chosen: no processes
+        self._cannot_start = False  # the start failed before the helper (vs. inside it)
         self._method, self._preload = "", ()  # of the processes, once chosen
         self._held = [0] * num_workers  # tasks each thread holds
         self._thread_died: set[int] = set()  # ids whose latest death was their thread's
@@ -127,22 +140,23 @@ class HandoverPool(RoutedPool):
 
     def shutdown(self) -> None:
         """Stop both pools. A process start still under way is not waited for (the fork
-        server may be importing torch): the helper stops those workers itself."""
+        server may be importing torch): the helper stops those workers itself (and the
+        exit waits for it, `_join_helpers`)."""
         self._probe.stop()
         with self._lock:
-            self._closing = True
+            self._unwanted = True
+            self._drop_started()
             if self._helper is not None and not self._helper.is_alive():
                 self._adopt()
         super().shutdown()
 
-    # -- the hand-over -----------------------------------------------------------------------
+    # -- the hand-over ---------------------------------------------------------------------
     def _decide(self, draws_globally: bool = False) -> None:
         if self._choice is not None:
             return
         measured, probe = self._threads.measured(), self._probe
-        # Counted from when the threads have run as many tasks past their first (the
-        # set-up: imports, caches) as there are threads.
-        probe.counting = probe.counting or measured[0] >= self._num_workers
+        # Counted once every thread is past its first task (the set-up: imports, caches).
+        probe.counting = probe.counting or self._threads.past_set_up()
         choice = (
             chose(
                 "process",
@@ -153,19 +167,29 @@ class HandoverPool(RoutedPool):
             else live_choice(measured, self._num_workers, probe.figures())
         )
         if choice is None:
-            if self._warm and leans_to_processes(measured, probe.figures()):
-                self._warm = False
-                self._warm_up()
+            if self._helper is None and leans_to_processes(measured, probe.figures()):
+                self._start_processes()  # ahead of the choice: ready when it is made
             return
         self._choice = choice
         probe.stop()
         # Said now: the next iterator starts on the chosen kind even if this one ends first.
         self._announce.append((CHOSEN, WorkersChosen(choice.kind, choice.reason, None, ())))
         if choice.kind == "thread":
+            with self._lock:
+                self._unwanted = True  # processes started ahead are stopped (now or by the helper)
+                self._drop_started()
             return
+        if self._helper is None and self._started is None and self._start_error is None:
+            self._start_processes()
+        elif self._start_error is not None and self._helper is None:
+            self._stay_failed()
+
+    def _start_processes(self) -> None:
+        """Start the process workers on a helper thread (the fork server or zygote answers
+        while the threads go on loading); a failure is kept for when they are chosen."""
         try:
             ctx, info = self._processes()
-            if info.method in ("fork", "zygote"):
+            if info.method == "fork" or (info.method == "zygote" and zygote.pid() is None):
                 raise RuntimeError(
                     f"start_method={info.method!r} would fork this process "
                     "while its thread workers run (a lock one holds would "
@@ -173,7 +197,10 @@ class HandoverPool(RoutedPool):
                 )
             self._prepare(info.method)
         except Exception as exc:  # stay on threads: they work
-            self._stay(f"process workers cannot start here ({type(exc).__name__}: {exc})")
+            self._start_error = exc
+            self._cannot_start = True
+            if self._choice is not None:
+                self._stay_failed()
             return
         supervisor = ProcessPool(
             ctx, replace(self._config, preload=info.preload), self._num_workers
@@ -186,41 +213,49 @@ class HandoverPool(RoutedPool):
             except BaseException as exc:
                 self._start_error = exc
             with self._lock:
-                if self._closing:  # the iterator is gone: nobody takes these workers over
+                if self._unwanted:  # the iterator is gone, or threads were chosen
                     supervisor.shutdown()
                 elif self._start_error is None:
                     self._started = supervisor
             self._threads.wake()  # the iterating thread adopts the result at once
 
         self._helper = threading.Thread(target=start, name="steadyload-handover", daemon=True)
+        _HELPERS.add(self._helper)
         self._helper.start()
 
-    def _warm_up(self) -> None:
-        """Start the processes' fork server now (it imports in the background)."""
-        try:
-            self._processes()
-        except Exception as exc:  # said again, and handled, if processes are chosen
-            _LOG.debug("the fork server could not be started early: %s", exc)
+    def _drop_started(self) -> None:
+        """Stop processes that were started ahead but are not wanted (holding the lock)."""
+        if self._started is not None:
+            self._started.shutdown()
+            self._started = None
 
     def _stay(self, why: str) -> None:
         reason = f"{self._choice.reason if self._choice else ''}; but {why}, so it stays on threads"
         _LOG.warning("%s", reason)
         self._announce.append((CHOSEN, WorkersChosen("thread", reason, None, ())))
 
+    def _stay_failed(self) -> None:
+        error = self._start_error
+        if self._cannot_start:
+            self._stay(f"process workers cannot start here ({type(error).__name__}: {error})")
+        else:
+            self._stay(f"starting process workers failed ({type(error).__name__}: {error})")
+        self._start_error = None  # said once
+
     def _adopt(self) -> None:
-        """Take the processes over once the helper has finished starting them."""
+        """Take the processes over once the helper has started them and they are chosen."""
         if self._helper is None or self._helper.is_alive():
             return
+        if self._choice is None or self._choice.kind != "process":
+            return  # started ahead: kept until the choice (or stopped by it)
         self._helper = None
         if self._started is None:
-            if self._closing:
+            if self._unwanted:
                 return  # the helper stopped what it started: the iterator is gone
-            error = self._start_error
-            self._stay(f"starting process workers failed ({type(error).__name__}: {error})")
+            self._stay_failed()
             return
-        self._procs = self._started
+        self._procs, self._started = self._started, None
         self._pools.append(self._procs)  # routed to, polled and stopped from now on
-        assert self._choice is not None
         self._announce.append(
             (
                 CHOSEN,

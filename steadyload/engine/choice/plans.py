@@ -12,7 +12,11 @@ import dataclasses
 import multiprocessing.context
 from typing import Any
 
-from ...start.context import StartInfo, resolve_context, warms_in_background
+from ...start.context import (
+    StartInfo,
+    resolve_context,
+    zygote_is_auto_choice,
+)
 from ..factory import THREADS, PoolPlan
 from .worker_kind import WorkerChoice, static_choice
 
@@ -51,12 +55,25 @@ class WorkerPlans:
             if self.choice is None:
                 self.choice = static_choice(loader, options.max_worker_memory_bytes)
             if self.choice is None:  # measured on the first batches
-                warm = warms_in_background(options.start_method, loader.multiprocessing_context)
-                return PoolPlan("auto", processes=lambda: self.start_context(loader), warm=warm)
+                return PoolPlan("auto", processes=lambda: self.start_context(loader))
             kind = self.choice.kind
         if kind == "thread":
             return THREADS
         return PoolPlan("process", *self.start_context(loader))
+
+    def starts_early(self, loader: Any) -> bool:
+        """Whether the loader's construction should resolve its start context: always for
+        process workers; for ``worker_type="auto"`` when that forks the zygote, which must
+        happen before the thread workers run (their hand-over then starts processes in
+        milliseconds), while a fork server is only started once the work leans to them.
+        (The remote workers' own warm start is warm.py's.)"""
+        kind = loader._options.worker_type
+        if kind == "process":
+            return True
+        if kind != "auto" or loader.multiprocessing_context is not None:
+            return False
+        method = loader._options.start_method
+        return method == "zygote" or (method == "auto" and zygote_is_auto_choice())
 
     def start_context(self, loader: Any) -> tuple[multiprocessing.context.BaseContext, StartInfo]:
         """The workers' context and how it was chosen (decided once per loader, again if

@@ -32,7 +32,14 @@ by the batch's cost alone: processes when a batch costs the threads at least
 `MIN_PROCESS_BATCH_S` (a process worker's batch has a cost of its own to receive).
 
 Near the line the choice waits for more probes (`NEAR_LINE`, up to `MAX_PROBES`): the
-same work should get the same choice run after run.
+same work should get the same choice run after run. Far from it, in the direction of
+processes, it does not wait: every batch the threads load while the GIL is clearly busy
+is loaded at about half speed, which a short epoch (a validation pass, a first epoch)
+cannot win back. So a GIL held in `CLEAR_BUSY_SHARE` of `CLEAR_PROBES` probes, or cheap
+samples whose batches cost twice `MIN_PROCESS_BATCH_S`, decide after one measured batch
+per thread and `EARLY_WALL_S`; and the process workers are started as soon as the first
+figures lean that way (`leans_to_processes`; from the zygote that is milliseconds), so
+that they are ready when the choice is made, and stopped again if it is threads.
 
 Every constant below is a line drawn between measured figures; the figures are in
 docs/design/figures.md#auto, the choices measured run after run in
@@ -77,7 +84,12 @@ MIN_PROCESS_BATCH_S = 0.5e-3
 worker's batch has a cost of its own to the main process (receive, rebuild, bookkeeping),
 so below this threads stay ahead."""
 MIN_PROBES = 50
-LEAN_PROBES = 10  # probes that may already lean to processes (the fork server starts then)
+CLEAR_PROBES = 10  # enough probes when the share is past CLEAR_BUSY_SHARE
+CLEAR_BUSY_SHARE = 0.8
+"""A held share this far above the line decides for processes without waiting for the
+full figures (pure Python 86-94%, GIL-free work at most 18%, as measured)."""
+EARLY_WALL_S = 0.05  # loading time summed over the threads before a clear choice
+LEAN_PROBES = 5  # probes that may already lean to processes (the fork server starts then)
 MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding
 MIN_WALL_S = 0.2  # and this much loading time, summed over the threads: a pause of this
 # process (a busy machine, a garbage collection) must not decide it
@@ -236,8 +248,8 @@ def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | 
 
 def leans_to_processes(measured: tuple[int, int, float], probe: ProbeFigures) -> bool:
     """Whether the first figures, too few to decide, already point to processes: then the
-    fork server is started (a cold one imports torch for seconds), so that the processes,
-    if chosen, start at once; GIL-free work never pays for one."""
+    process workers are started (from a cold fork server that takes its import of torch),
+    so that they are ready when the choice is made; GIL-free work never pays for them."""
     tasks, samples, wall = measured
     if tasks > 0 and wall / max(samples, 1) < CHEAP_SAMPLE_S:
         return wall / tasks >= MIN_PROCESS_BATCH_S
@@ -250,10 +262,13 @@ def live_choice(
     """Decide from the thread workers' ``(tasks, samples, wall s)`` and the probe's
     figures; None: not enough yet."""
     tasks, samples, wall = measured
-    if tasks < MIN_TASKS_PER_WORKER * workers or wall < MIN_WALL_S:
+    if tasks < workers or wall < EARLY_WALL_S:
         return None
+    full = tasks >= MIN_TASKS_PER_WORKER * workers and wall >= MIN_WALL_S
     per_sample, per_batch = wall / max(samples, 1), wall / tasks
     if per_sample < CHEAP_SAMPLE_S:
+        if not full and per_batch < 2 * MIN_PROCESS_BATCH_S:
+            return None  # not clearly worth sending yet: wait for the full figures
         loaded = (
             f"while {workers} thread workers loaded {tasks} batches, a sample took "
             f"{per_sample * 1e6:.0f} us"
@@ -274,8 +289,11 @@ def live_choice(
             "stay ahead",
         )
     share = probe.held_share
+    clear = probe.probes >= CLEAR_PROBES and share >= CLEAR_BUSY_SHARE
     near = abs(share - BUSY_SHARE) < NEAR_LINE
-    if probe.probes < MIN_PROBES or (near and probe.probes < MAX_PROBES):
+    if not clear and (
+        not full or probe.probes < MIN_PROBES or (near and probe.probes < MAX_PROBES)
+    ):
         return None
     wait = probe.waited_s / max(probe.probes, 1)
     figures = (

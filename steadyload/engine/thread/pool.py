@@ -235,6 +235,11 @@ class ThreadPool:
                 w.thread.join(max(0.0, deadline - time.monotonic()))
         self._events.close()  # what is still queued is dropped with this pool
 
+    def past_set_up(self) -> bool:
+        """Whether every live thread has finished its first task (its lazy set-up)."""
+        live = [w for w in self._workers if w is not None]
+        return bool(live) and all(w.set_up_done for w in live)
+
     def measured(self) -> tuple[int, int, float]:
         """Tasks run (each thread's first left out), their samples and their wall seconds,
         summed over the live threads."""

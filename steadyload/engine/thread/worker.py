@@ -43,6 +43,7 @@ class WorkerThread:
         self.abandoned = False
         self.thread: threading.Thread | None = None
         self.measured = (0, 0, 0.0)  # tasks, samples, wall s (one tuple: read whole)
+        self.set_up_done = False  # its first task (which pays for lazy set-up) is done
         self.ops_set = threading.Event()  # its torch ops are single-threaded (the spawner waits)
         self.set_up = threading.Event()  # worker_init_fn and iter(dataset) done (or failed)
 
@@ -129,6 +130,7 @@ class ThreadLink:
                 wall + time.perf_counter() - self._began,
             )
         self._first = False
+        w.set_up_done = True
         return w.abandoned
 
     def escaped(self, exc: BaseException) -> None:

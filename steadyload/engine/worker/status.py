@@ -93,7 +93,7 @@ class StatusBlock:
                 break
             chunks.append(chunk)
             offset += len(chunk)
-        return b"".join(chunks).decode("utf-8", "replace")
+        return without_inherited_frames(b"".join(chunks).decode("utf-8", "replace"))
 
     def libraries(self) -> list[str]:
         """Names of crash-prone native libraries the worker had loaded.
@@ -157,3 +157,20 @@ def _loaded_library_flags() -> int:
         if bit != 4 and needle in maps:
             flags |= bit
     return flags
+
+
+def without_inherited_frames(dump: str) -> str:
+    """A zygote worker's faulthandler dump without the frames it inherited from this
+    process: the zygote was forked deep inside the caller's stack (the training script,
+    its framework, a test runner), and every worker's stack still ends in those frames,
+    which it never runs. Each thread's frames from the zygote's `_run_zygote`
+    (start/zygote.py) outward are cut."""
+    out, cutting = [], False
+    for line in dump.splitlines():
+        frame = line.startswith("  File ")
+        if cutting and frame:
+            continue
+        cutting = frame and line.endswith(" in _run_zygote") and "zygote.py" in line
+        if not cutting:
+            out.append(line)
+    return "\n".join(out) + ("\n" if dump.endswith("\n") else "")
