@@ -37,8 +37,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     Takes torch's arguments with torch's meaning and yields the same batches (for the same
     ``generator`` seed, also the same random values drawn inside workers). With
-    ``num_workers > 0`` the workers are steadyload's: started with forkserver by default
-    (torch, steadyload and the dataset's module preloaded in the fork server), watched so
+    ``num_workers > 0`` the workers are steadyload's: forked by default from a zygote (a
+    fork of this process, where that is safe) or a fork server (torch, steadyload and the
+    dataset's module preloaded), watched so
     that a death is reported at once as `steadyload.WorkerDiedError` naming the worker, its
     exit signal and the samples it held; batches cross over in pooled shared memory.
 
@@ -50,9 +51,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     every count instead.
 
     Args (steadyload-only, keyword-only):
-        start_method: "auto" (default: forkserver on Linux, spawn elsewhere), "forkserver",
-            "spawn", "fork" or "zygote". fork is refused while a CUDA/ROCm context exists,
-            because forked workers then deadlock. "zygote" (Linux, opt-in) forks a fork
+        start_method: "auto" (default), "forkserver", "spawn", "fork" or "zygote". "auto"
+            takes the zygote where forking this process is safe and cheap when the loader
+            is built (no GPU context, no other thread, a lean heap: start/rule.py), else
+            forkserver (Linux; spawn elsewhere). fork is refused while a CUDA/ROCm context
+            exists, because forked workers then deadlock. "zygote" forks a fork
             server from this process once, when the first such loader is built, and forks
             every worker from it: workers share this process's memory (torch included)
             and later GPU use here is safe; refused if a CUDA/ROCm context exists then.

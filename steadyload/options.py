@@ -67,8 +67,9 @@ class LoaderOptions:
     """steadyload-only settings of one loader (torch's arguments stay on the loader)."""
 
     start_method: str = "auto"
-    """How workers start: "auto" (forkserver on Linux, else spawn), "forkserver", "spawn",
-    "fork" or "zygote" (opt-in, Linux). torch's ``multiprocessing_context``, when given,
+    """How workers start: "auto" (the zygote where a fork is safe, else forkserver, on
+    Linux; else spawn: start/rule.py), "forkserver", "spawn", "fork" or "zygote". torch's
+    ``multiprocessing_context``, when given,
     takes precedence."""
     max_restarts: int = 3
     """Dead or hung workers replaced per epoch before giving up (see DataLoader)."""

@@ -244,4 +244,8 @@ def low_fd_limit(worker_id: int) -> None:
     import resource
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 1, hard))
+    # The lowest free number: a new descriptor takes it, and the limit refuses it. (Not the
+    # count of open ones: a worker forked from the zygote inherits numbers with gaps.)
+    open_fds = {int(n) for n in os.listdir("/proc/self/fd")}
+    lowest_free = min(set(range(len(open_fds) + 1)) - open_fds)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 
 import psutil
@@ -116,7 +117,12 @@ def _warm_forkserver() -> None:
     from steadyload.start.context import resolve_context
 
     resolve_context("forkserver", None, None)
-    resolve_context("auto", None, None)
+    # The zygote keeps this process's warning filters as they are at its fork, as fork
+    # workers do; not pytest's "error" (pyproject.toml), which a worker would then apply to
+    # a library's own warnings (webdataset's warn_and_continue, for one).
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        resolve_context("auto", None, None)
 
 
 def _threads() -> set[str]:

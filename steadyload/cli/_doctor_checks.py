@@ -83,8 +83,10 @@ def check_gpu(build: str, probe: dict[str, Any] | None, error: str) -> Check:
 def check_start_method(default: str) -> Check:
     """steadyload's default start method here."""
     if default == "forkserver":
-        return Check("start_method", "OK", "forkserver (steadyload's default; fork is "
-                     "refused while a GPU context exists)", data={"default": default})
+        return Check("start_method", "OK", "zygote or forkserver (steadyload's default: the "
+                     "zygote where a fork of the training process is safe when its first "
+                     "loader is built, else forkserver; fork is refused while a GPU context "
+                     "exists)", data={"default": default})
     return Check("start_method", "OK", f"{default} (no forkserver on this platform: each "
                  "worker imports torch and your dataset's module itself)",
                  data={"default": default})

@@ -23,6 +23,8 @@ from . import launch, rule, zygote
 from .guards import check_zygote_safe, warn_threads
 from .preload import ensure_forkserver, parent_imports
 
+zygote.AutoZygoteContext.fallback = launch.FORKSERVER
+
 StartMethod = Literal["auto", "fork", "spawn", "forkserver", "zygote"]
 START_METHODS: tuple[str, ...] = ("auto", "fork", "spawn", "forkserver", "zygote")
 
@@ -61,7 +63,8 @@ def zygote_is_auto_choice() -> bool:
 
 
 def prestart(preload: Iterable[str] = ("torch",), *, start_method: str = "forkserver") -> None:
-    """Start the fork server now, importing ``preload`` in it, in the background.
+    """Start the fork server now, importing ``preload`` in it, in the background; loaders
+    with the default ``start_method="auto"`` then use it (not the zygote).
 
     Call it first thing in a training script (before its heavy imports and the model), so
     that the fork server imports torch, transformers, ... while this process does the same:
@@ -98,6 +101,7 @@ def prestart(preload: Iterable[str] = ("torch",), *, start_method: str = "forkse
         return
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return
+    rule.PRESTARTED.set()  # start_method="auto" uses this server from now on
     ensure_forkserver(tuple(preload))
 
 
@@ -148,7 +152,7 @@ def resolve_context(
             method, why = auto_method()
         if method == "zygote":  # the rule found the fork safe (and no thread to warn of)
             zygote.ensure(check_zygote_safe)
-            ctx = zygote.CONTEXT
+            ctx = zygote.AUTO_CONTEXT
         else:
             # CPython's forkserver, but a worker start never waits forever (launch.py).
             ctx = launch.FORKSERVER if method == "forkserver" else multiprocessing.get_context(

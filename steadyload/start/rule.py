@@ -9,6 +9,7 @@ stays the choice otherwise. The rule, checked when the loader is built (the firs
 that picks the zygote forks it; later loaders use it even after the GPU is in use, since
 their workers never come from this process):
 
+- `steadyload.prestart()` did not start the fork server for the loaders (the user's ask);
 - the interpreter can run a zygote (Linux, CPython 3.10-3.13);
 - no GPU context here: torch's CUDA/ROCm is not initialised, and no other GPU framework
   (JAX, TensorFlow, CuPy, ...) is imported, whose context torch cannot see;
@@ -33,6 +34,8 @@ MAX_PRIVATE_BYTES = 512 << 20
 """This process's private (anonymous) memory above which the zygote is not forked: it
 would pin that heap, while the fork server's own cost is fixed (its import of torch).
 torch with transformers imported is about a third of it. [Unit: byte]"""
+PRESTARTED = threading.Event()
+"""Set by `steadyload.prestart` (start_method="forkserver"): its server is then the choice."""
 GPU_MODULES = ("jax", "jaxlib", "tensorflow", "cupy", "pycuda", "numba.cuda", "mxnet", "paddle")
 """Frameworks that may hold a GPU context torch cannot see: imported, no zygote."""
 
@@ -42,6 +45,8 @@ class StartFacts:
     """What the rule looks at, gathered by `facts` (tests inject their own)."""
 
     zygote_running: bool
+    prestarted: bool
+    """`steadyload.prestart` started the fork server: the user asked for it."""
     unsupported: str | None
     """Why this interpreter cannot run a zygote, or None."""
     gpu: str | None
@@ -60,6 +65,7 @@ def facts() -> StartFacts:
     current = threading.current_thread()
     return StartFacts(
         zygote_running=zygote.pid() is not None,
+        prestarted=PRESTARTED.is_set(),
         unsupported=zygote.unsupported_reason(),
         gpu=gpu_context_description() if "torch" in sys.modules else None,
         gpu_modules=tuple(m for m in GPU_MODULES if m in sys.modules),
@@ -84,6 +90,8 @@ def choose(found: StartFacts) -> tuple[str, str]:
     """("zygote" or "forkserver", why), for ``start_method="auto"`` on a forkserver platform."""
     if found.zygote_running:
         return "zygote", "the zygote forked earlier in this process runs"
+    if found.prestarted:
+        return "forkserver", "steadyload.prestart() started the fork server for the loaders"
     reason = refusal(found)
     if reason is None:
         return "zygote", (

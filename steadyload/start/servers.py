@@ -14,10 +14,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from multiprocessing.context import BaseContext
 
+from ..errors import UnsafeForkError
 from . import zygote
 from .guards import check_zygote_safe
-from .preload import ensure_forkserver, forkserver_pid
+from .preload import ensure_forkserver, forkserver_pid, parent_imports
 
 _LOG = logging.getLogger(__name__)
 
@@ -86,3 +88,22 @@ def restart(server: ServerRef) -> tuple[ServerRef, tuple[str, ...]]:
         )
     _LOG.info("restarted the %s (pid %d, was %d)", server.method, new.pid, server.pid)
     return new, preload
+
+
+def restart_or_fall_back(
+    ctx: BaseContext, server: ServerRef, dataset_module: str
+) -> tuple[BaseContext, tuple[str, ...]]:
+    """`restart`, or, for a zygote that ``start_method="auto"`` took and that cannot be
+    forked again now (a GPU context exists since), CPython's fork server in its place:
+    (the context the workers start with from now on, its preloads)."""
+    try:
+        return ctx, restart(server)[1]
+    except UnsafeForkError as exc:
+        fallback = getattr(ctx, "fallback", None)
+        if fallback is None:
+            raise
+        _LOG.warning(
+            "the zygote (pid %d) died and cannot be forked again (%s); its workers start "
+            "from the fork server from now on", server.pid, str(exc).splitlines()[0],
+        )
+        return fallback, ensure_forkserver((*parent_imports(), dataset_module))

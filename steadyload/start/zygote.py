@@ -325,3 +325,14 @@ class ZygoteContext(context.BaseContext):
 
 
 CONTEXT = ZygoteContext()
+
+
+class AutoZygoteContext(ZygoteContext):
+    """The zygote as ``start_method="auto"`` took it: where it must be forked again (it
+    died) and that is no longer safe (a GPU context since), the workers' pool falls back
+    to ``fallback``, CPython's fork server, instead of failing."""
+
+    fallback: context.BaseContext | None = None  # set by start/context.py (no cycle here)
+
+
+AUTO_CONTEXT = AutoZygoteContext()

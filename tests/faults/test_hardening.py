@@ -185,7 +185,7 @@ def test_the_fork_server_gets_our_sys_path_without_touching_the_environment(
         os.unsetenv = lambda k: (calls.append(k), real_unsetenv(k))[1]
 
         if __name__ == "__main__":
-            loader = sl.DataLoader(Rows(), batch_size=2, num_workers=1)
+            loader = sl.DataLoader(Rows(), batch_size=2, num_workers=1, start_method="forkserver")
             print(list(loader), calls)
             print(loader.report())
         """

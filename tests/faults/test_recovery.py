@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import steadyload as sl
+from steadyload.start.context import zygote_pid
 from tests.datasets import FaultOnce, IterDS, JsonLines, Leaky, OpensFiles, Slow
 
 
@@ -65,7 +66,7 @@ def test_fifty_random_kills_inside_lose_and_repeat_nothing(tmp_path: Path) -> No
 
 
 def _worker_pids(min_age_s: float = 0.0) -> list[int]:
-    server = forkserver._forkserver._forkserver_pid
+    server = zygote_pid() or forkserver._forkserver._forkserver_pid  # the default's server
     now = time.time()
     try:
         return [

@@ -39,3 +39,15 @@ def test_a_dead_fork_server_is_one_restart_and_loses_nothing(how: str) -> None:
     assert seen["new_server"] != seen["server"]
     assert seen["old_workers_alive"] == []
     assert seen["preload_after"] == seen["preload_before"] > 0  # report() shows the preloads
+
+
+def test_a_dead_auto_zygote_that_cannot_be_forked_again_gives_way_to_the_fork_server() -> None:
+    """The default took the zygote; it dies after the GPU is in use (injected), when a new
+    fork of this process would be unsafe: the workers restart from the fork server and the
+    epoch completes, where a forced start_method="zygote" raises UnsafeForkError."""
+    seen = _run("zygote-gpu")
+    assert seen["got"] == list(range(48))  # every sample once, in order
+    (restart,) = seen["restarts"]
+    assert restart[:3] == [-1, "the zygote died (SIGKILL)", None], restart
+    assert seen["old_workers_alive"] == []
+    assert seen["parents"] == [seen["new_server"]], seen  # forked by CPython's fork server

@@ -22,8 +22,11 @@ SEQ = 12
 
 
 def forkserver_pid() -> int | None:
-    """The fork server's pid: the parent of every steadyload worker (start_method forkserver)."""
-    return multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    """The pid of the server that forks steadyload's default workers here: the zygote when
+    start_method="auto" took it (start/rule.py), else CPython's fork server."""
+    from steadyload.start.context import zygote_pid
+
+    return zygote_pid() or multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
 
 
 def _log_load(log_dir: str | None, index: int) -> None:

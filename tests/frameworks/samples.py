@@ -41,8 +41,11 @@ class PidSquares(Dataset[dict[str, Any]]):
 
 
 def forkserver_pid() -> int | None:
-    """The pid of this process's fork server (the parent of steadyload's workers)."""
-    pid: int | None = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    """The pid of the server that forks steadyload's default workers here: the zygote when
+    start_method="auto" took it (start/rule.py), else CPython's fork server."""
+    from steadyload.start.context import zygote_pid
+
+    pid: int | None = zygote_pid() or multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
     return pid
 
 

@@ -26,8 +26,17 @@ def test_get_worker_info_inside_workers_matches_torch() -> None:
     assert len({int(p) for b in got for p in b["pid"]}) == 2
 
 
-def test_default_start_method_is_forkserver_with_preload() -> None:
+def test_default_start_method_is_the_zygote_here() -> None:
+    """This pytest process has no GPU context, no other thread and a lean heap: the rule
+    (start/rule.py, tests/unit/test_start_rule.py) takes the zygote, and says why."""
     loader = sl.DataLoader(MapDS(4), num_workers=1)
+    ctx, info = loader._plans.start_context(loader)
+    assert info.method == "zygote" and "zygote" in info.why, info
+    assert [int(b) for b in (x[0, 0] for x in loader)] == [0, 1, 2, 3]
+
+
+def test_forkserver_start_method_preloads() -> None:
+    loader = sl.DataLoader(MapDS(4), num_workers=1, start_method="forkserver")
     ctx, info = loader._plans.start_context(loader)
     assert info.method == "forkserver"
     # The session's fork server was started before this dataset's module was known, so it

@@ -168,7 +168,7 @@ PRELOAD = textwrap.dedent(
 
     if __name__ == "__main__":
         logging.basicConfig(level=logging.WARNING)
-        loader = sl.DataLoader(DS(), batch_size=2, num_workers=2)
+        loader = sl.DataLoader(DS(), batch_size=2, num_workers=2, start_method="forkserver")
         print(list(loader))
         print(loader.report())
     """

@@ -232,7 +232,7 @@ def test_dataset_tensors_that_do_not_fit_in_dev_shm_are_flagged(monkeypatch: pyt
 
     memory._shm_warned.clear()
     monkeypatch.setattr(system, "shm_space", lambda path="/dev/shm": system.Space("/dev/shm", 64 << 20, 1 << 20))
-    with pytest.warns(UserWarning, match=r"the dataset holds 8 MiB of tensors, which torch moves to /dev/shm when it sends the dataset to forkserver workers, but /dev/shm has 1 MiB free of 64 MiB\. The workers would die with a bus error \(SIGBUS\)\. Fix: give the container more shared memory"):
+    with pytest.warns(UserWarning, match=r"the dataset holds 8 MiB of tensors, which torch moves to /dev/shm when it sends the dataset to zygote workers, but /dev/shm has 1 MiB free of 64 MiB\. The workers would die with a bus error \(SIGBUS\)\. Fix: give the container more shared memory"):
         loader = sl.DataLoader(TensorHeavy(), batch_size=2, num_workers=1)
         it = iter(loader)
     del it, loader

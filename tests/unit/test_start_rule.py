@@ -16,7 +16,7 @@ from steadyload.start.context import auto_method
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN = rule.StartFacts(
-    zygote_running=False, unsupported=None, gpu=None, gpu_modules=(), threads=(),
+    zygote_running=False, prestarted=False, unsupported=None, gpu=None, gpu_modules=(), threads=(),
     private_bytes=200 << 20,
 )  # fmt: skip
 
@@ -41,6 +41,11 @@ def test_a_clean_lean_process_takes_the_zygote() -> None:
 def test_each_unsafe_or_costly_fact_keeps_forkserver(change: dict[str, object], said: str) -> None:
     method, why = rule.choose(replace(CLEAN, **change))  # type: ignore[arg-type]
     assert method == "forkserver" and why.startswith("not the zygote: ") and said in why, why
+
+
+def test_a_prestarted_fork_server_is_the_users_choice() -> None:
+    method, why = rule.choose(replace(CLEAN, prestarted=True))
+    assert method == "forkserver" and "steadyload.prestart() started the fork server" in why
 
 
 def test_a_zygote_already_running_is_used_whatever_holds_now() -> None:

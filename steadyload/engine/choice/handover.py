@@ -150,7 +150,7 @@ class HandoverPool(RoutedPool):
                 self._adopt()
         super().shutdown()
 
-    # -- the hand-over ---------------------------------------------------------------------
+    # -- the hand-over -----------------------------------------------------------------------
     def _decide(self, draws_globally: bool = False) -> None:
         if self._choice is not None:
             return

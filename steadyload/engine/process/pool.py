@@ -1,8 +1,8 @@
 """`ProcessPool`: start worker processes, send them tasks, wait for results and deaths at once.
 
-The pool blocks in one place, a poll (`channel.ready`) on every worker's
-socket and process sentinel (and the fork server's pidfd), so a death is seen the moment it
-happens and no wait can outlive a SIGKILLed worker. Reads never block: each socket is read
+The pool blocks in one place, a poll (`channel.ready`) on every worker's socket and process
+sentinel (and the fork server's pidfd), so a death is seen the moment it happens and no
+wait can outlive a SIGKILLed worker. Reads never block: each socket is read
 by a non-blocking `channel.Reader` that returns only complete messages. Each worker has a
 socket of its own rather than one shared result queue: a worker killed while writing to a
 shared queue leaves its lock held and a partial message behind, which blocks or corrupts
@@ -20,6 +20,7 @@ import socket
 import time
 import weakref
 from collections.abc import Callable, Collection
+from dataclasses import replace
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -69,8 +70,7 @@ class ProcessPool:
         grace_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._ctx = ctx
-        self._method = ctx.get_start_method()
+        self._ctx, self._method = ctx, ctx.get_start_method()
         self._config = config
         self._num_workers = num_workers
         self._clock = clock
@@ -237,8 +237,12 @@ class ProcessPool:
         return Died(PROCESS, SERVER, server.pid, None, cause)
 
     def restart_server(self, method: str, pid: int) -> tuple[str, ...]:
-        """Start a new fork server in place of the dead one; the preloads it was asked for."""
-        _, preload = servers.restart(ServerRef(method, pid))
+        """A server in place of the dead one (`servers.restart_or_fall_back`); its preloads."""
+        module = type(self._config.dataset).__module__
+        ctx, preload = servers.restart_or_fall_back(self._ctx, ServerRef(method, pid), module)
+        if ctx is not self._ctx:
+            self._ctx, self._method = ctx, ctx.get_start_method()
+            self._config = replace(self._config, preload=preload)
         return preload
 
     # -- messaging ---------------------------------------------------------------------------
