@@ -48,7 +48,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -207,12 +206,16 @@ def _checksum(batch: Any) -> float:
     return float(np.asarray(batch, dtype=np.float64).sum())
 
 
-def _tree_pss() -> int:
+def _tree_pss(pid: int) -> int:
     import psutil
 
-    me = psutil.Process()
+    try:
+        me = psutil.Process(pid)
+        tree = [me, *me.children(recursive=True)]
+    except psutil.Error:
+        return 0
     total = 0
-    for p in [me, *me.children(recursive=True)]:
+    for p in tree:
         try:
             with open(f"/proc/{p.pid}/smaps_rollup") as f:
                 for line in f:
@@ -303,15 +306,8 @@ def child(workload: str, kind: str, batches: int, shape: str) -> dict[str, Any]:
     if kind == "reference":
         reference = torch.utils.data.DataLoader(ds, batch_size=size)
         return {"sums": [_checksum(b) for b in reference]}
-    peak = [_tree_pss()]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.1):  # its page-table walks cost loaders up to a third at 20 ms
-            peak[0] = max(peak[0], _tree_pss())
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    # Peak PSS is sampled by the parent (`_run_child`): a sampling thread here would be a
+    # thread the loader sees (steadyload's start rule keeps forkserver while one runs).
     _import_for(kind)  # imports are not the loader's start-up
     # Nor is the garbage collector's first full pass over what importing torch left (about
     # 100 ms here): it falls in whichever loader allocates in this process first (thread
@@ -326,11 +322,10 @@ def child(workload: str, kind: str, batches: int, shape: str) -> dict[str, Any]:
     for batch in it:
         sums.append(_checksum(batch))
         stamps.append(time.perf_counter())
-    stop.set()
-    sampler.join()
     choice = loader.report().worker_type_choice if kind == "sl-auto" else None
+    start = loader.report().start_method if kind.startswith("sl-") else None
     del it
-    out = {"first_s": t_first - t0, "peak_pss": peak[0], "sums": sums, "choice": choice}
+    out = {"first_s": t_first - t0, "sums": sums, "choice": choice, "start": start}
     if shape == "steady":
         # Steady state: the second half of the batches (start-up, a hand-over and warm-up
         # are in the first half and in the first-batch time).
@@ -348,17 +343,31 @@ def child(workload: str, kind: str, batches: int, shape: str) -> dict[str, Any]:
 
 
 def _run_child(workload: str, kind: str, batches: int, shape: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", workload, kind, str(batches), shape],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": child_pythonpath()},
-    )
+    """One run in a fresh process; its process tree's peak PSS sampled from here every
+    100 ms (the page-table walks cost loaders up to a third at 20 ms)."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--child", workload, kind, str(batches), shape],
+            stdout=out, stderr=err, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": child_pythonpath()},
+        )  # fmt: skip
+        peak, deadline = 0, time.monotonic() + 600
+        while proc.poll() is None and time.monotonic() < deadline:
+            peak = max(peak, _tree_pss(proc.pid))
+            time.sleep(0.1)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     if proc.returncode != 0:
-        return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1][:120]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        return {"error": (stderr or stdout).strip().splitlines()[-1][:120]}
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    result["peak_pss"] = peak
+    return result
 
 
 # -- the tables ---------------------------------------------------------------------------
