@@ -12,6 +12,7 @@ when threads run (`guards.py`). `prestart` starts either ahead of time.
 from __future__ import annotations
 
 import importlib
+import logging
 import multiprocessing
 import multiprocessing.context
 import sys
@@ -23,6 +24,7 @@ from . import launch, rule, zygote
 from .guards import check_zygote_safe, warn_threads
 from .preload import ensure_forkserver, parent_imports
 
+_LOG = logging.getLogger(__name__)
 zygote.AutoZygoteContext.fallback = launch.FORKSERVER
 
 StartMethod = Literal["auto", "fork", "spawn", "forkserver", "zygote"]
@@ -150,6 +152,7 @@ def resolve_context(
         method = start_method
         if start_method == "auto":
             method, why = auto_method()
+            _LOG.info("start_method='auto' chose %s: %s", method, why)
         if method == "zygote":  # the rule found the fork safe (and no thread to warn of)
             zygote.ensure(check_zygote_safe)
             ctx = zygote.AUTO_CONTEXT

@@ -12,11 +12,7 @@ import dataclasses
 import multiprocessing.context
 from typing import Any
 
-from ...start.context import (
-    StartInfo,
-    resolve_context,
-    zygote_is_auto_choice,
-)
+from ...start.context import StartInfo, resolve_context, zygote_is_auto_choice
 from ..factory import THREADS, PoolPlan
 from .worker_kind import WorkerChoice, static_choice
 

@@ -89,7 +89,7 @@ CLEAR_BUSY_SHARE = 0.8
 """A held share this far above the line decides for processes without waiting for the
 full figures (pure Python 86-94%, GIL-free work at most 18%, as measured)."""
 EARLY_WALL_S = 0.05  # loading time summed over the threads before a clear choice
-LEAN_PROBES = 5  # probes that may already lean to processes (the fork server starts then)
+LEAN_PROBES = 5  # probes that may already lean to processes (their workers start then)
 MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding
 MIN_WALL_S = 0.2  # and this much loading time, summed over the threads: a pause of this
 # process (a busy machine, a garbage collection) must not decide it
