@@ -11,7 +11,7 @@ created *before* is refused (guards.py). See docs/design/zygote.md for when it i
 what it costs.
 
 The parent side is a `ForkServer` instance of its own (not the process-wide
-`multiprocessing.forkserver._forkserver` that default loaders use) and a context whose
+`multiprocessing.forkserver._forkserver` that forkserver loaders use) and a context whose
 Popen asks that instance for new processes. Everything a worker receives still travels
 pickled, as under forkserver (file descriptors with DupFd, SharedList handles, torch's
 shared tensors). Written against CPython 3.10 to 3.13's forkserver.py/popen_forkserver.py.

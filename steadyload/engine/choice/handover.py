@@ -2,10 +2,12 @@
 
 A `HandoverPool` is one `WorkerPool` over two, a `RoutedPool` (engine/routed.py) whose
 route is the phase: a `ThreadPool`, started at once (the first batch in milliseconds, no
-fork server to wait for), and, when the measurement says the work holds the GIL
-(worker_kind.py), a process `ProcessPool`, started by a helper
-thread so that the fork server's imports (about a second for torch) overlap with the
-threads still loading. The hand-over is per task, so it needs no pause and loses nothing:
+fork server to wait for), and, when the measurement leans to the work holding the GIL
+(worker_kind.py), a process `ProcessPool`, started by a helper thread from the zygote the
+loader forked when it was built (milliseconds) or the fork server (whose imports, about a
+second for torch, overlap with the threads still loading); it takes tasks once the choice
+is processes, and is stopped if it is threads. The hand-over is per task, so it needs no
+pause and loses nothing:
 
 - A task goes to the thread of its worker id until the processes have started, and to the
   process of that id from then on. The task table (iterators/) still sees one worker per
