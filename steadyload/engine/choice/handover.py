@@ -97,10 +97,9 @@ class HandoverPool(RoutedPool):
         self._procs: ProcessPool | None = None
         self._helper: threading.Thread | None = None
         self._started: ProcessPool | None = None  # set by the helper once its start succeeded
-        self._start_error: BaseException | None = None
+        self._start_failure: str | None = None  # why the processes could not start
         self._lock = threading.Lock()  # between the helper's result and `shutdown`
         self._unwanted = False  # the iterator is gone or threads were chosen: no processes
-        self._cannot_start = False  # the start failed before the helper (vs. inside it)
         self._method, self._preload = "", ()  # of the processes, once chosen
         self._held = [0] * num_workers  # tasks each thread holds
         self._thread_died: set[int] = set()  # ids whose latest death was their thread's
@@ -181,9 +180,9 @@ class HandoverPool(RoutedPool):
                 self._unwanted = True  # processes started ahead are stopped (now or by the helper)
                 self._drop_started()
             return
-        if self._helper is None and self._started is None and self._start_error is None:
+        if self._helper is None and self._started is None and self._start_failure is None:
             self._start_processes()
-        elif self._start_error is not None and self._helper is None:
+        elif self._start_failure is not None and self._helper is None:
             self._stay_failed()
 
     def _start_processes(self) -> None:
@@ -199,8 +198,9 @@ class HandoverPool(RoutedPool):
                 )
             self._prepare(info.method)
         except Exception as exc:  # stay on threads: they work
-            self._start_error = exc
-            self._cannot_start = True
+            self._start_failure = (
+                f"process workers cannot start here ({type(exc).__name__}: {exc})"
+            )
             if self._choice is not None:
                 self._stay_failed()
             return
@@ -213,11 +213,13 @@ class HandoverPool(RoutedPool):
             try:
                 supervisor.start()
             except BaseException as exc:
-                self._start_error = exc
+                self._start_failure = (
+                    f"starting process workers failed ({type(exc).__name__}: {exc})"
+                )
             with self._lock:
                 if self._unwanted:  # the iterator is gone, or threads were chosen
                     supervisor.shutdown()
-                elif self._start_error is None:
+                elif self._start_failure is None:
                     self._started = supervisor
             self._threads.wake()  # the iterating thread adopts the result at once
 
@@ -237,12 +239,8 @@ class HandoverPool(RoutedPool):
         self._announce.append((CHOSEN, WorkersChosen("thread", reason, None, ())))
 
     def _stay_failed(self) -> None:
-        error = self._start_error
-        if self._cannot_start:
-            self._stay(f"process workers cannot start here ({type(error).__name__}: {error})")
-        else:
-            self._stay(f"starting process workers failed ({type(error).__name__}: {error})")
-        self._start_error = None  # said once
+        self._stay(self._start_failure or "")
+        self._start_failure = None  # said once
 
     def _adopt(self) -> None:
         """Take the processes over once the helper has started them and they are chosen."""
