@@ -38,6 +38,9 @@ class WorkerConfig:
     """Seed the RNGs before each sample from (base seed, epoch, index): see _seeding.py."""
     hang_timeout_s: float | None = None
     """``hang_timeout``: how long a task, or a worker's set-up, may take. [Unit: second]"""
+    probe_gil: bool = False
+    """``worker_type="auto"`` measuring on processes: a GIL probe inside the worker process
+    (../worker/gil.py), read by the parent from the worker's status block."""
     lazy_iter: bool = False
     """A resume sends each worker its replica's position (`Restore`): ``iter(dataset)``
     waits for it (or the first task), so that it runs once, as without a resume."""

@@ -27,14 +27,17 @@ class Received:
 
 @dataclass(frozen=True, slots=True)
 class WorkersChosen:
-    """Event (worker id -1): ``worker_type="auto"`` decided (engine/handover.py)."""
+    """Event (worker id -1): ``worker_type="auto"`` decided (engine/choice/handover.py)."""
 
     kind: str
     """"thread" or "process"."""
     reason: str
     method: str | None
-    """The start method of the workers from now on; None: unchanged (yet)."""
+    """The processes' start method (None: threads)."""
     preload: tuple[str, ...]
+    now: bool = False
+    """The workers are of ``kind`` from now on (the hand-over made, or the kind kept);
+    False: the choice is said, the workers not changed yet."""
 
 
 @dataclass(frozen=True, slots=True)

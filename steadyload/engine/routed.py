@@ -4,7 +4,7 @@ The pool protocol (pool.py) is implemented here once for every composite pool:
 
 - A call about one worker (`send_task`, `kill`, `progress`, ...) goes to ``route(worker_id)``,
   the pool that owns that id now. Local workers beside remote ones route by id (`by_id`);
-  ``worker_type="auto"`` routes by phase, threads then processes (choice/handover.py).
+  ``worker_type="auto"`` routes by phase, one kind then the other (choice/handover.py).
 - A call about every worker (`send_reset`, `waitables`, `pending`, `collect`) goes to every
   running pool; `start` and `shutdown` reach every pool, a `shutdown` that raises included.
 - One poll waits for all of them (`wait_any` over the pools), and their events come out as
@@ -38,6 +38,20 @@ class _Joined(Sequence[Any]):
                 return views[i]
             i -= len(views)
         raise IndexError(i)
+
+
+class LeadViews(Sequence[Any]):
+    """``iterator._workers`` of a pool whose lead changes (auto's hand-over): the lead's
+    views, read again each time."""
+
+    def __init__(self, lead: Callable[[], WorkerPool]) -> None:
+        self._lead = lead
+
+    def __len__(self) -> int:
+        return len(self._lead().views)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._lead().views[i]
 
 
 class RoutedPool:

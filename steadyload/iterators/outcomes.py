@@ -107,7 +107,7 @@ class Outcomes:
                 self._recovery.retiring[worker_id] = event.uss_bytes
             case WorkersChosen():
                 record.worker_type_choice, record.auto_kind = event.reason, event.kind
-                if event.method is not None:  # handed over: processes run from now on
+                if event.now:  # handed over (or kept): these workers run from now on
                     record.worker_kind = event.kind
                     record.start_method, record.preload = event.method, event.preload
             case GlobalRngDrawn():

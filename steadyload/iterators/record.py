@@ -24,7 +24,7 @@ class RunRecord:
         preload: tuple[str, ...],
         history: History | None = None,
     ) -> None:
-        self.worker_kind = "thread" if kind == "auto" else kind  # auto starts on threads
+        self.worker_kind = "thread" if kind == "auto" else kind  # auto: its pool's, once started
         if kind == "remote":
             self.worker_kind = "remote"
         self.start_method = start_method
@@ -44,6 +44,13 @@ class RunRecord:
         self.epoch = 0
         self._clear_epoch()
         self.history.follow(self)
+
+    def started(self, pool: Any, kind: str) -> None:
+        """The pool of a ``kind`` plan started: under "auto", on whichever kind starts
+        faster (engine/choice/handover.py), so its workers are the pool's."""
+        if kind == "auto":
+            self.worker_kind = pool.kind
+            self.start_method, self.preload = pool.start_method, pool.preload
 
     def _clear_epoch(self) -> None:
         self.restarts: list[RestartReport] = []

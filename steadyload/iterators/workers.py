@@ -36,14 +36,7 @@ from ..options import LoaderOptions
 from ..resume.checkpoint import Checkpoints
 from ..resume.progress import EpochProgress, carried, position_blobs
 from ..start import guards
-from .common import (
-    DatasetError,
-    EmptyBatches,
-    SkipGuard,
-    TimedNext,
-    flat_indices,
-    refuse_datapipes,
-)
+from .common import DatasetError, EmptyBatches, SkipGuard, TimedNext, flat_indices, refuse_datapipes
 from .delivery import commit, record_step, take_back
 from .hangs import Watchdog
 from .outcomes import Outcomes
@@ -151,6 +144,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         checks = functools.partial(guards.check_process_start, self._dataset, self._local_workers)
         self._pool = pool = make_pool(self._plan, self._config, self._num_workers, checks)
         self._views = pool.views
+        self.record.started(pool, self._plan.kind)
         if not self._attached:  # Ctrl-C held at safe points for this iterator's life
             self._attached = True
             interrupts.attach()

@@ -39,7 +39,7 @@ if __name__ == "__main__":
     if how == "handover":
         from steadyload.engine.choice import handover, worker_kind
 
-        handover.live_choice = lambda measured, workers, probe: worker_kind.chose(
+        handover.live_choice = lambda measured, workers, probe, on="": worker_kind.chose(
             "process", "forced by the test")
         marker_dir = tempfile.mkdtemp()
         loader = sl.DataLoader(HandsOver(48, marker_dir, 0.05, at=2), batch_size=2,

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(autouse=True)
 def _processes_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
     list(sl.DataLoader(MapDS(2), num_workers=1))  # a warm fork server, as after any loader
-    monkeypatch.setattr(handover, "live_choice", lambda measured, workers, probe: (
+    monkeypatch.setattr(handover, "live_choice", lambda measured, workers, probe, on="": (
         worker_kind.chose("process", "forced by the test")))
 
 
@@ -37,7 +37,7 @@ def test_a_process_that_hangs_after_the_hand_over_is_reported_as_a_process(
 ) -> None:
     ds = FaultInAProcess(64, str(tmp_path), "hang")
     loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto",
-                           hang_timeout=5.0)  # fmt: skip
+                           hang_timeout=5.0, start_method="forkserver")  # fmt: skip
     with pytest.raises(sl.WorkerHangError) as caught:
         list(loader)
     text = str(caught.value)
@@ -53,7 +53,7 @@ def test_a_process_killed_after_the_hand_over_is_diagnosed_as_a_process(
 ) -> None:
     ds = FaultInAProcess(64, str(tmp_path), "sigkill")
     loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto",
-                           max_restarts=0)  # fmt: skip
+                           max_restarts=0, start_method="forkserver")  # fmt: skip
     with pytest.raises(sl.WorkerDiedError) as caught:
         list(loader)
     err = caught.value

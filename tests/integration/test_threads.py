@@ -17,7 +17,6 @@ import torch
 from torch.utils.data import Dataset, get_worker_info  # bound before any thread worker runs
 
 import steadyload as sl
-from steadyload.engine.choice import handover, worker_kind
 from tests.datasets import FaultOnce, HandsOver, IterDS, MapDS, StatefulStream
 
 pytestmark = pytest.mark.timeout(120)
@@ -304,24 +303,11 @@ def _warm_fork_server() -> None:
     list(sl.DataLoader(MapDS(2), num_workers=1))
 
 
-@pytest.fixture
-def force_auto(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """``force_auto(kind)``: worker_type="auto" chooses ``kind`` at its first look, whatever
-    it measures. The rule itself is tested with injected measurements (test_worker_kind.py)
-    and measured in benchmarks/bench_peers.py; these tests are about the hand-over."""
-
-    def force(kind: str | None) -> None:
-        def rule(measured: Any, workers: int, probe: Any) -> Any:
-            return worker_kind.chose(kind, f"forced by the test ({kind})") if kind else None
-
-        monkeypatch.setattr(handover, "live_choice", rule)
-
-    return force
-
-
 def test_auto_keeps_threads_when_it_chooses_them(force_auto: Any) -> None:
     force_auto("thread")
-    loader = sl.DataLoader(Waits(160), batch_size=4, num_workers=2, worker_type="auto")
+    # From the fork server, processes start slowly: auto starts on threads (threads first).
+    loader = sl.DataLoader(Waits(160), batch_size=4, num_workers=2, worker_type="auto",
+                           start_method="forkserver")  # fmt: skip
     want = [b.tolist() for b in torch.utils.data.DataLoader(Waits(160), batch_size=4)]
     assert [b.tolist() for b in loader] == want
     report = loader.report()
@@ -337,18 +323,19 @@ def test_auto_hands_over_to_processes_when_it_chooses_them(
     _warm_fork_server()
     force_auto("process")
     ds = HandsOver(160, str(tmp_path), 0.002)
-    loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto")
+    loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto",
+                           start_method="forkserver")  # fmt: skip
     want = [b.tolist() for b in torch.utils.data.DataLoader(ds, batch_size=4)]
     assert [b.tolist() for b in loader] == want  # every batch once, in order, across it
     report = loader.report()
-    assert report.worker_kind == "process" and report.start_method == "zygote", report  # forked before the threads
+    assert report.worker_kind == "process" and report.start_method == "forkserver", report
     choice = report.worker_type_choice or ""
     assert choice.startswith("worker_type='auto' chose process workers: forced by the test")
     assert "the first batches came from thread workers while the processes started" in choice
     assert all(w.pid != os.getpid() for w in report.workers)
     # The next epoch starts on processes at once: the choice is kept.
     assert [b.tolist() for b in loader] == want
-    assert loader.report().start_method == "zygote"
+    assert loader.report().start_method == "forkserver"
 
 
 class Images(MapDS):
@@ -398,10 +385,11 @@ def test_a_worker_killed_across_the_hand_over_loses_and_repeats_nothing(
     force_auto("process")
     ds = KillsInAProcess(160, 0, str(tmp_path))
     want = [b.tolist() for b in torch.utils.data.DataLoader(ds, batch_size=4)]  # no worker: no kill
-    loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto")
+    loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto",
+                           start_method="forkserver")  # fmt: skip
     assert [b.tolist() for b in loader] == want
     report = loader.report()
-    assert report.start_method == "zygote"  # forked when the loader was built, before its threads
+    assert report.start_method == "forkserver"
     assert [r.cause for r in report.restarts] == ["killed by SIGKILL"]
     assert (tmp_path / "k").exists()
 
@@ -425,7 +413,8 @@ class WaitsAndDraws(MapDS):
 
 
 def test_auto_moves_a_dataset_that_draws_from_the_global_generators_to_processes() -> None:
-    loader = sl.DataLoader(WaitsAndDraws(64), batch_size=4, num_workers=2, worker_type="auto")
+    loader = sl.DataLoader(WaitsAndDraws(64), batch_size=4, num_workers=2, worker_type="auto",
+                           start_method="forkserver")  # threads first  # fmt: skip
     with pytest.warns(RuntimeWarning, match="WaitsAndDraws drew random numbers"):
         assert len(list(loader)) == 16
     assert (loader.report().worker_type_choice or "").startswith(
@@ -438,7 +427,9 @@ def test_the_training_loops_own_draws_are_not_blamed_on_the_dataset(
     worker_type: str, force_auto: Any
 ) -> None:
     force_auto(None)  # "auto" measures on and on: only a draw could decide it here
-    loader = sl.DataLoader(Waits(64), batch_size=2, num_workers=2, worker_type=worker_type)
+    first = {"start_method": "forkserver"} if worker_type == "auto" else {}  # threads first
+    loader = sl.DataLoader(Waits(64), batch_size=2, num_workers=2, worker_type=worker_type,
+                           **first)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         for _batch in loader:

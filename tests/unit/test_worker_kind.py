@@ -1,4 +1,5 @@
-"""engine/choice/worker_kind.py: the GIL probe against real threads, and the rule that reads it."""
+"""engine/choice/worker_kind.py and engine/worker/gil.py: the GIL probe against real threads
+(beside thread workers, and inside a process worker), and the rule that reads it."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from steadyload.engine.choice import worker_kind
-from steadyload.engine.choice.worker_kind import GilProbe, ProbeFigures, live_choice
+from steadyload.engine.choice.worker_kind import live_choice
+from steadyload.engine.worker import gil, status
+from steadyload.engine.worker.gil import GilProbe, ProbeFigures, WorkerGilProbe
 
 
 def _probe_while(work: object, probes: int = 30) -> float:
@@ -57,7 +61,7 @@ def test_the_probe_tells_a_busy_gil_from_a_free_one() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="schedstat is Linux's")
 def test_the_run_queue_clock_reads_this_threads_wait_for_a_cpu() -> None:
-    clock = worker_kind._RunQueueClock()
+    clock = gil._RunQueueClock()
     try:
         first = clock()
         deadline = time.monotonic() + 0.2
@@ -155,3 +159,58 @@ def test_cheap_samples_in_batches_clearly_worth_sending_decide_early() -> None:
     assert "and a batch (1.0 ms) is worth sending" in heavy.reason
     tasks = round(wall / (1.5 * line))
     assert live_choice((tasks, tasks * 256, wall), 2, _probe(0, 0.0)) is None  # not clearly
+
+
+def _wait_for(check: object, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.005)
+    return bool(check())  # type: ignore[operator]
+
+
+@pytest.mark.timeout(60)
+def test_a_process_workers_probe_counts_its_loading_past_the_first_task_into_its_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside a process worker the probe counts only while a task after the first loads
+    (the first is the set-up; idle time is not loading), writes its counts where the parent
+    reads them (`Progress.gil_probes`/`gil_held`), and ends by itself."""
+    monkeypatch.setattr(gil, "MAX_WORKER_PROBES", 40)
+    fields = np.zeros(8, np.int64)
+    probe = WorkerGilProbe(fields)
+    fields[status.TASK], fields[status.STAGE] = 0, status.LOADING  # the first task: set-up
+    probe.start()
+    try:
+        time.sleep(0.1)
+        assert fields[status.GIL_PROBES] == 0
+        fields[status.TASK], fields[status.STAGE] = 1, status.IDLE  # idle between tasks
+        time.sleep(0.1)
+        assert fields[status.GIL_PROBES] == 0
+        fields[status.STAGE] = status.LOADING  # the second task loads: counted
+        assert _wait_for(lambda: not probe._thread.is_alive())  # 40 probes, then it ends
+    finally:
+        probe.stop()
+    assert fields[status.GIL_PROBES] == 40
+    assert 0 <= fields[status.GIL_HELD] <= 40  # this thread slept: how many is the machine's
+    reader = status.StatusBlock.create(0)
+    try:
+        reader._fields[status.GIL_PROBES], reader._fields[status.GIL_HELD] = 40, 30
+        progress = reader.progress()
+        assert (progress.gil_probes, progress.gil_held) == (40, 30)
+    finally:
+        reader.close()
+
+
+def test_the_rule_reads_a_probe_inside_process_workers_the_same_way() -> None:
+    """Measured on processes (the zygote's fast start), the same lines decide; the reason
+    says where the figures were taken."""
+    busy = live_choice((6, 24, 1.0), 2, _probe(100, 0.9), on="process")
+    assert busy is not None and busy.kind == "process"
+    assert "while 2 process workers loaded 6 batches, a probe inside each found its GIL held" in (
+        busy.reason)
+    free = live_choice((6, 24, 1.0), 2, _probe(100, 0.05), on="process")
+    assert free is not None and free.kind == "thread"
+    cheap = live_choice((600, 600 * 64, 0.6), 2, _probe(100, 0.05), on="process")
+    assert cheap is not None and cheap.kind == "process"
+    assert cheap.reason.startswith(
+        "worker_type='auto' chose process workers: while 2 process workers loaded 600 batches")

@@ -1,22 +1,32 @@
-"""``worker_type="auto"``: thread workers at once, process workers when the work needs them.
+"""``worker_type="auto"``: workers of the kind that starts faster, handed over when the
+work needs the other.
 
 A `HandoverPool` is one `WorkerPool` over two, a `RoutedPool` (engine/routed.py) whose
-route is the phase: a `ThreadPool`, started at once (the first batch in milliseconds, no
-fork server to wait for), and, when the measurement leans to the work holding the GIL
-(worker_kind.py), a process `ProcessPool`, started by a helper thread from the zygote the
-loader forked when it was built (milliseconds) or the fork server (whose imports, about a
-second for torch, overlap with the threads still loading); it takes tasks once the choice
-is processes, and is stopped if it is threads. The hand-over is per task, so it needs no
-pause and loses nothing:
+route is the phase: the *first* pool, started at once, and the *second*, started when the
+measurement (worker_kind.py) chooses the other kind. Which comes first:
 
-- A task goes to the thread of its worker id until the processes have started, and to the
-  process of that id from then on. The task table (iterators/) still sees one worker per
-  id and yields in task order, so the order is torch's and every task runs on exactly one
-  of the two (a task a dead worker held is re-sent to its replacement, as always; if it
-  also finishes elsewhere, the second outcome finds its task settled and is dropped).
-- While a thread still holds tasks, its id's progress, hang watch and stack are the
-  thread's; then the process's. When no thread holds a task, the threads are stopped.
-- A hung thread's replacement is the process of its id once that exists.
+- **processes**, where a process worker is a fork away (the zygote the loader forked when
+  it was built, or ``start_method="fork"``): started at once, with a GIL probe inside each
+  (their configuration's ``probe_gil``); when the work turns out to leave the GIL free,
+  thread workers are started (at once: nothing to fork) and take the next tasks;
+- **threads** otherwise (the first batch in milliseconds, no fork server to wait for);
+  when the measurement leans to the work holding the GIL, a `ProcessPool` is started by a
+  helper thread from the fork server (whose imports, about a second for torch, overlap
+  with the threads still loading); it takes tasks once the choice is processes, and is
+  stopped if it is threads.
+
+The hand-over is per task, so it needs no pause and loses nothing:
+
+- A task goes to the first pool's worker of its id until the second pool runs, and to the
+  second's worker of that id from then on. The task table (iterators/) still sees one
+  worker per id and yields in task order, so the order is torch's and every task runs on
+  exactly one of the two (a task a dead worker held is re-sent to its replacement, as
+  always; if it also finishes elsewhere, the second outcome finds its task settled and is
+  dropped).
+- While the first pool's worker still holds tasks, its id's progress, hang watch and stack
+  are that worker's; then the second's. When the first pool holds no task, it is stopped.
+- A dead or hung first-pool worker's replacement is the second pool's worker of its id
+  once that exists.
 
 The helper thread only runs `ProcessPool.start`; the iterating thread takes the pool
 over once the helper has finished (one owner at a time, as `ProcessPool` requires). If the
@@ -26,12 +36,9 @@ stays on threads and says why.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
-import time
-import weakref
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -42,43 +49,27 @@ from ..events import Died, GlobalRngDrawn, Received, WorkersChosen
 from ..pool import WorkerPool, wait_any
 from ..process.pool import ProcessPool
 from ..protocol import Empty, Exhausted, Failed
-from ..routed import RoutedPool
+from ..routed import LeadViews, RoutedPool
 from ..thread.pool import ThreadPool
-from .worker_kind import GilProbe, WorkerChoice, chose, leans_to_processes, live_choice
+from ..worker.gil import GilProbe, ProbeFigures
+from .ahead import start_on_helper
+from .worker_kind import ProcessFigures, WorkerChoice, chose, leans_to_processes, live_choice
 
 _LOG = logging.getLogger(__name__)
 _OUTCOMES = (Received, Failed, Empty, Exhausted)
 CHOSEN = -1  # the "worker id" of the WorkersChosen event
-_HELPERS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
-
-
-@atexit.register
-def _join_helpers(timeout_s: float = 30.0) -> None:
-    """At exit, let a process start still under way finish and stop its workers: killed
-    half-way (a daemon thread at exit), it would leave the fork server reading a truncated
-    request, which prints a traceback after a good run. Bounded. [Unit: second]"""
-    deadline = time.monotonic() + timeout_s
-    for helper in list(_HELPERS):
-        helper.join(max(deadline - time.monotonic(), 0.0))
-
-
-class _LiveViews(Sequence[Any]):
-    """``iterator._workers``: the threads' views until the hand-over, then the processes'."""
-
-    def __init__(self, pool: HandoverPool) -> None:
-        self._pool = pool
-
-    def __len__(self) -> int:
-        return len(self._pool._lead().views)
-
-    def __getitem__(self, i: Any) -> Any:
-        return self._pool._lead().views[i]
+_DRAWS = "the dataset draws from the process-wide random generators, which thread workers share"
+_SEEDED = (
+    "sample_seeds=True reseeds a process worker's process-wide random generators for every "
+    "sample, so whether the dataset draws from them (thread workers would share them) "
+    "cannot be checked there; processes are kept"
+)
 
 
 class HandoverPool(RoutedPool):
-    """Thread workers first, process workers once the measurement asks for them: a
-    `RoutedPool` whose route is the phase (`_owner`), plus the hooks where the hand-over
-    differs (which pool a task goes to, respawn, the bookkeeping of what threads hold)."""
+    """Workers of the kind that starts faster, then of the other kind once the measurement
+    asks for it: a `RoutedPool` whose route is the phase (`_owner`), plus the hooks where
+    the hand-over differs (which pool a task goes to, respawn, what the first pool holds)."""
 
     def __init__(
         self,
@@ -93,56 +84,95 @@ class HandoverPool(RoutedPool):
         self._num_workers = num_workers
         self._processes = processes
         self._prepare = prepare
-        self._threads = ThreadPool(config, num_workers)
+        self._threads: ThreadPool | None = None
         self._procs: ProcessPool | None = None
+        self._second: WorkerPool | None = None  # adopted: new tasks go there
         self._helper: threading.Thread | None = None
         self._started: ProcessPool | None = None  # set by the helper once its start succeeded
         self._start_failure: str | None = None  # why the processes could not start
         self._lock = threading.Lock()  # between the helper's result and `shutdown`
         self._unwanted = False  # the iterator is gone or threads were chosen: no processes
-        self._method, self._preload = "", ()  # of the processes, once chosen
-        self._held = [0] * num_workers  # tasks each thread holds
-        self._thread_died: set[int] = set()  # ids whose latest death was their thread's
+        self._method, self._preload = "", ()  # of the processes
+        self._held = [0] * num_workers  # tasks each first-pool worker holds
+        self._first_died: set[int] = set()  # ids whose latest death was their first worker's
         self._choice: WorkerChoice | None = None
-        self._probe = GilProbe()  # until the choice is made
+        self._probe = GilProbe()  # beside thread workers, until the choice is made
+        self._on_procs = ProcessFigures(num_workers)  # measured on processes (past set-up)
         self._announce: list[tuple[int, object]] = []  # WorkersChosen, for the next wait
-        super().__init__((self._threads,), self._owner)  # the processes join on adoption
-        self.views = _LiveViews(self)
+        self._first: WorkerPool = self._process_first() or self._thread_pool()
+        super().__init__((self._first,), self._owner)  # the second joins on adoption
+        self.views = LeadViews(self._lead)
+
+    def _process_first(self) -> ProcessPool | None:
+        """Process workers with a GIL probe inside, where one is a fork away; else None."""
+        try:
+            ctx, info = self._processes()
+            if info.method != "fork" and (info.method != "zygote" or zygote.pid() is None):
+                return None  # a fork server: threads first (see above)
+            self._prepare(info.method)
+        except Exception:  # the threads-first path tries again, and says why if chosen
+            return None
+        self._method, self._preload = info.method, info.preload
+        config = replace(self._config, preload=info.preload, probe_gil=True)
+        self._procs = ProcessPool(ctx, config, self._num_workers)
+        return self._procs
+
+    def _thread_pool(self) -> ThreadPool:
+        self._threads = ThreadPool(self._config, self._num_workers)
+        return self._threads
+
+    @property
+    def _on_processes(self) -> bool:
+        return self._first is self._procs
 
     def _lead(self) -> WorkerPool:
-        """The pool new tasks go to: the threads until the processes run, then those (so
-        `kind`, `start_method`, `preload` and `pids` are theirs)."""
-        return self._procs if self._procs is not None else self._threads
+        """The pool new tasks go to: the first until the second runs, then that (so `kind`,
+        `start_method`, `preload` and `pids` are its)."""
+        return self._second if self._second is not None else self._first
 
     def _owner(self, worker_id: int) -> WorkerPool:
         """The route: whose pid, progress, stack and kill ``worker_id`` means now: the
-        thread while it holds tasks (they are the oldest of that id), else the process."""
-        if self._procs is None or self._held[worker_id] > 0:
-            return self._threads
-        return self._procs
+        first pool's worker while it holds tasks (they are the oldest of that id), else
+        the second's."""
+        if self._second is None or self._held[worker_id] > 0:
+            return self._first
+        return self._second
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the thread workers, and the probe that watches the GIL while they load."""
+        """Start the first pool; beside threads, the probe that watches the GIL. Processes
+        that fail to start give way to threads (which say why if processes are chosen)."""
+        if self._on_processes:
+            try:
+                super().start()
+                return
+            except Exception as exc:
+                self._first.shutdown()
+                self._start_failure = (
+                    f"starting process workers failed ({type(exc).__name__}: {exc})"
+                )
+                self._procs = None
+                self._first = self._pools[0] = self._thread_pool()
         super().start()
         self._probe.start()
 
     def respawn(self, worker_id: int) -> None:
-        """A fresh worker for ``worker_id``: a thread until the processes run; then the
-        process of that id (itself, if only its thread died)."""
-        if worker_id in self._thread_died:
-            self._thread_died.discard(worker_id)
-            self._held[worker_id] = 0  # what the thread held is re-sent (and counted) anew
-            if self._procs is None:
-                self._threads.respawn(worker_id)
+        """A fresh worker for ``worker_id``: of the first pool until the second runs; then
+        the second's worker of that id (itself, if only the first's died)."""
+        if worker_id in self._first_died:
+            self._first_died.discard(worker_id)
+            self._held[worker_id] = 0  # what it held is re-sent (and counted) anew
+            self._on_procs.respawned(worker_id)
+            if self._second is None:
+                self._first.respawn(worker_id)
             return
-        assert self._procs is not None
-        self._procs.respawn(worker_id)
+        assert self._second is not None
+        self._second.respawn(worker_id)
 
     def shutdown(self) -> None:
         """Stop both pools. A process start still under way is not waited for (the fork
         server may be importing torch): the helper stops those workers itself (and the
-        exit waits for it, `_join_helpers`)."""
+        exit waits for it, ahead.py)."""
         self._probe.stop()
         with self._lock:
             self._unwanted = True
@@ -152,27 +182,41 @@ class HandoverPool(RoutedPool):
         super().shutdown()
 
     # -- the hand-over -----------------------------------------------------------------------
+    def _figures(self) -> tuple[tuple[int, int, float], ProbeFigures, str]:
+        """What the choice reads: the workers' ``(tasks, samples, wall s)``, the probe's
+        figures and the kind they were taken on."""
+        if self._threads is not None and self._first is self._threads:
+            # Counted once every thread is past its first task (the set-up: imports, caches).
+            self._probe.counting = self._probe.counting or self._threads.past_set_up()
+            return self._threads.measured(), self._probe.figures(), "thread"
+        measured, figures = self._on_procs.figures(self._first)
+        return measured, figures, "process"
+
     def _decide(self, draws_globally: bool = False) -> None:
         if self._choice is not None:
             return
-        measured, probe = self._threads.measured(), self._probe
-        # Counted once every thread is past its first task (the set-up: imports, caches).
-        probe.counting = probe.counting or self._threads.past_set_up()
-        choice = (
-            chose(
-                "process",
-                "the dataset draws from the process-wide random generators, "
-                "which thread workers share",
-            )
-            if draws_globally
-            else live_choice(measured, self._num_workers, probe.figures())
-        )
+        measured, figures, on = self._figures()
+        choice: WorkerChoice | None
+        if on == "process" and self._config.sample_seeds:
+            choice = chose("process", _SEEDED)
+        elif draws_globally or (on == "process" and self._on_procs.drew(self._first)):
+            choice = chose("process", _DRAWS)
+        else:
+            choice = live_choice(measured, self._num_workers, figures, on=on)
         if choice is None:
-            if self._helper is None and leans_to_processes(measured, probe.figures()):
+            if (
+                on == "thread"
+                and self._helper is None
+                and self._start_failure is None
+                and leans_to_processes(measured, figures)
+            ):
                 self._start_processes()  # ahead of the choice: ready when it is made
             return
         self._choice = choice
-        probe.stop()
+        self._probe.stop()
+        if on == "process":
+            self._keep_or_hand_to_threads(choice)
+            return
         # Said now: the next iterator starts on the chosen kind even if this one ends first.
         self._announce.append((CHOSEN, WorkersChosen(choice.kind, choice.reason, None, ())))
         if choice.kind == "thread":
@@ -184,6 +228,19 @@ class HandoverPool(RoutedPool):
             self._start_processes()
         elif self._start_failure is not None and self._helper is None:
             self._stay_failed()
+
+    def _keep_or_hand_to_threads(self, choice: WorkerChoice) -> None:
+        """Measured on processes: keep them, or start thread workers and hand over."""
+        if choice.kind == "process":
+            event = WorkersChosen("process", choice.reason, self._method, self._preload, now=True)
+            self._announce.append((CHOSEN, event))
+            return
+        threads = self._thread_pool()
+        threads.start()  # nothing to fork: the threads run at once
+        self._second = threads
+        self._pools.append(threads)
+        reason = choice.reason + "; the first batches came from process workers while it measured"
+        self._announce.append((CHOSEN, WorkersChosen("thread", reason, None, (), now=True)))
 
     def _start_processes(self) -> None:
         """Start the process workers on a helper thread (the fork server or zygote answers
@@ -198,9 +255,7 @@ class HandoverPool(RoutedPool):
                 )
             self._prepare(info.method)
         except Exception as exc:  # stay on threads: they work
-            self._start_failure = (
-                f"process workers cannot start here ({type(exc).__name__}: {exc})"
-            )
+            self._start_failure = f"process workers cannot start here ({type(exc).__name__}: {exc})"
             if self._choice is not None:
                 self._stay_failed()
             return
@@ -208,24 +263,22 @@ class HandoverPool(RoutedPool):
             ctx, replace(self._config, preload=info.preload), self._num_workers
         )
         self._method, self._preload = info.method, info.preload
+        assert self._threads is not None
+        threads = self._threads
 
-        def start() -> None:  # the helper: the pool is its own until it returns
-            try:
-                supervisor.start()
-            except BaseException as exc:
+        def finished(failure: BaseException | None) -> None:  # on the helper thread
+            if failure is not None:
                 self._start_failure = (
-                    f"starting process workers failed ({type(exc).__name__}: {exc})"
+                    f"starting process workers failed ({type(failure).__name__}: {failure})"
                 )
             with self._lock:
                 if self._unwanted:  # the iterator is gone, or threads were chosen
                     supervisor.shutdown()
                 elif self._start_failure is None:
                     self._started = supervisor
-            self._threads.wake()  # the iterating thread adopts the result at once
+            threads.wake()  # the iterating thread adopts the result at once
 
-        self._helper = threading.Thread(target=start, name="steadyload-handover", daemon=True)
-        _HELPERS.add(self._helper)
-        self._helper.start()
+        self._helper = start_on_helper(supervisor, finished)
 
     def _drop_started(self) -> None:
         """Stop processes that were started ahead but are not wanted (holding the lock)."""
@@ -255,19 +308,14 @@ class HandoverPool(RoutedPool):
             self._stay_failed()
             return
         self._procs, self._started = self._started, None
+        self._second = self._procs
         self._pools.append(self._procs)  # routed to, polled and stopped from now on
-        self._announce.append(
-            (
-                CHOSEN,
-                WorkersChosen(
-                    "process",
-                    self._choice.reason + "; the first batches came from thread workers "
-                    "while the processes started",
-                    self._method,
-                    self._preload,
-                ),
-            )
+        reason = (
+            self._choice.reason + "; the first batches came from thread workers "
+            "while the processes started"
         )
+        event = WorkersChosen("process", reason, self._method, self._preload, now=True)
+        self._announce.append((CHOSEN, event))
 
     # -- where hand-over differs from the route ----------------------------------------------
     def started_at(self, worker_id: int) -> float | None:
@@ -275,13 +323,14 @@ class HandoverPool(RoutedPool):
         return self._lead().started_at(worker_id)
 
     def send_task(self, worker_id: int, task_id: int, indices: Any, epoch: int = 0) -> None:
-        """To the thread of ``worker_id`` until the processes run, then to its process."""
+        """To the first pool's worker of ``worker_id`` until the second runs, then to the
+        second's."""
         self._adopt()
-        if self._procs is not None:
-            self._procs.send_task(worker_id, task_id, indices, epoch)
+        if self._second is not None:
+            self._second.send_task(worker_id, task_id, indices, epoch)
         else:
             self._held[worker_id] += 1
-            self._threads.send_task(worker_id, task_id, indices, epoch)
+            self._first.send_task(worker_id, task_id, indices, epoch)
 
     def send_restore(self, worker_id: int, state: bytes) -> None:
         """Never needed: a stream, or a dataset with its own state, never starts on threads
@@ -294,7 +343,7 @@ class HandoverPool(RoutedPool):
         super().send_reset()
 
     def waitables(self) -> list[Any]:
-        """The running pools' waitables (the processes' too, once adopted)."""
+        """The running pools' waitables (the second's too, once adopted)."""
         self._adopt()
         return super().waitables()
 
@@ -304,20 +353,22 @@ class HandoverPool(RoutedPool):
 
     def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
         """Events of both pools, and `WorkersChosen` once; decides and adopts as they come."""
-        from_threads = self._threads.collect(ready) if self._threads.running else []
-        events = self._procs.collect(ready) if self._procs is not None else []
+        from_first = self._first.collect(ready) if self._first.running else []
+        events = self._second.collect(ready) if self._second is not None else []
         draws_globally = False
-        for worker_id, event in from_threads:
+        for worker_id, event in from_first:
             if isinstance(event, _OUTCOMES) and self._held[worker_id] > 0:
                 self._held[worker_id] -= 1
             elif isinstance(event, Died):
-                self._thread_died.add(worker_id)
+                self._first_died.add(worker_id)
             draws_globally |= isinstance(event, GlobalRngDrawn)
+            if self._choice is None and self._on_processes:
+                self._on_procs.note(worker_id, event)
         self._decide(draws_globally)
         self._adopt()
-        if self._procs is not None and not any(self._held) and self._threads.running:
-            self._threads.shutdown()  # every task is the processes' now
-        return from_threads + events + self._announce_now()
+        if self._second is not None and not any(self._held) and self._first.running:
+            self._first.shutdown()  # every task is the second pool's now
+        return from_first + events + self._announce_now()
 
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
         """Events of both pools, and `WorkersChosen` once: the poll goes through this

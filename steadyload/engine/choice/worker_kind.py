@@ -1,18 +1,24 @@
 """``worker_type="auto"``: threads or processes, decided by watching the first batches.
 
 Threads win where the work releases the GIL (image decode, numpy, tokenizers in Rust, big
-tensor copies, I/O): no start-up, no transport, one copy of every resource. Processes win
-where it holds the GIL (Python transforms): threads would take turns. Which one a dataset
-is cannot be read from its code, so "auto" starts thread workers at once (the first batch
-in milliseconds) and measures how busy they keep the GIL, directly: a probe thread sleeps
-a millisecond at a time and times how late it wakes. Waking needs the GIL back: a free GIL
-is taken at once (the timer's slack and a wake-up: tens of microseconds), a held one only
-when its holder lets go, at its next torch call or I/O, or when CPython makes it (after the
-switch interval, 5 ms). The share of probes that wait longer than `HELD_WAIT_S` is how
-often a thread that wants the GIL finds it held: when that is most of the time
-(`BUSY_SHARE`), the threads take turns at it, and the loader starts process workers and
-hands the next batches over to them (handover.py). Otherwise threads are kept: they cost
-less (no start-up, no transport, one copy of the dataset) for the same speed.
+tensor copies, I/O): no transport, one copy of every resource. Processes win where it holds
+the GIL (Python transforms): threads would take turns. Which one a dataset is cannot be
+read from its code, so "auto" measures it on the first batches, with a GIL probe
+(engine/worker/gil.py): a thread that sleeps a millisecond at a time and times how late it
+wakes; the share of probes that wait longer than `HELD_WAIT_S` is how often a thread that
+wants the GIL finds it held. It starts on whichever kind starts faster:
+
+- **Processes first**, where a process worker is a fork away (the zygote runs, or
+  ``start_method="fork"``): from the first batch they are never much slower (GIL-free work
+  loads as fast either way; GIL-bound work twice as fast), and a probe inside each worker
+  measures how much of its loading holds the GIL. Held most of the time (`BUSY_SHARE`):
+  processes are kept. Mostly free: the loader starts thread workers and hands the next
+  batches over to them, for the same speed with one copy of every resource and no
+  transport (handover.py).
+- **Threads first**, where processes would start from a cold fork server (about a second
+  to import torch): the first batch in milliseconds, the probe beside the threads measures
+  how often they take turns at the GIL, and when that is most of the time the loader
+  starts process workers and hands the next batches over to them.
 
 Why the share of held probes and not their mean delay, used first: Python that lets go of
 the GIL every half millisecond (a torch call after each sample's Python) keeps it held
@@ -21,7 +27,7 @@ probe waits only for the current stretch to end: the mean delay of such work ove
 that of GIL-free decode, and the choice flipped run to run. Why not the threads' CPU share
 (CPU time over wall time, times the threads), tried before: it reads a machine busy with
 other processes, or memory-bound copies, as waiting. A probe that waits for a CPU (every
-core busy) is not waiting for the GIL either: that wait is taken out (`GilProbe`).
+core busy) is not waiting for the GIL either: that wait is taken out (gil.py's `GilProbe`).
 
 Cheap samples are the exception the probe cannot see: a sample of a few microseconds (16
 floats and a label) is interpreter work in short stretches, and every torch call hands
@@ -41,6 +47,11 @@ per thread and `EARLY_WALL_S`; and the process workers are started as soon as th
 figures lean that way (`leans_to_processes`; from the zygote that is milliseconds), so
 that they are ready when the choice is made, and stopped again if it is threads.
 
+The same lines serve both: measured inside a process worker, GIL-bound work found the GIL
+held as often as thread workers found it (and GIL-free work as rarely), and cheap samples
+read as they do on threads; figures in docs/design/figures.md#auto. The early choices
+below matter to the threads-first path; on processes nothing is lost while figures come in.
+
 Every constant below is a line drawn between measured figures; the figures are in
 docs/design/figures.md#auto, the choices measured run after run in
 benchmarks/bench_auto_choice.py, and the rule is tested with injected measurements
@@ -57,25 +68,19 @@ the training process).
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..worker.gil import ProbeFigures
+
 _LOG = logging.getLogger(__name__)
 
-HELD_WAIT_S = 150e-6
-"""A probe's wait for the GIL (past its sleep, net of any wait for a CPU) from which the GIL
-was held by another thread: a free one costs the timer's slack (50 us on Linux) and a
-wake-up."""
 BUSY_SHARE = 0.35
 """The share of probes that found the GIL held from which threads take turns at it
 (between GIL-free work and Python that lets go of the GIL every sample, as measured)."""
 NEAR_LINE = 0.1  # a share this close to BUSY_SHARE waits for more probes ...
 MAX_PROBES = 200  # ... up to this many
-PROBE_SLEEP_S = 0.001
 CHEAP_SAMPLE_S = 50e-6
 """A thread's cost per sample below which the probe cannot tell (see above) and the
 batch's cost decides (between tiny samples and every other workload as measured)."""
@@ -117,93 +122,44 @@ def gil_enabled() -> bool:
     return bool(check()) if check is not None else True
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeFigures:
-    """The GIL probe's counts."""
+class ProcessFigures:
+    """What process workers measured (a probe inside each, gil.py): their batches past each
+    worker's first (its set-up), and the probes' counts and draws in their status blocks."""
 
-    probes: int
-    held: int
-    """Probes that found the GIL held by another thread (waited over `HELD_WAIT_S`)."""
-    waited_s: float
-    """Their total wait. [Unit: second]"""
+    def __init__(self, workers: int) -> None:
+        self._workers = workers
+        self._tasks, self._samples, self._wall = 0, 0, 0.0
+        self._set_up: set[int] = set()  # worker ids past their first task
 
-    @property
-    def held_share(self) -> float:
-        """The share of probes that found the GIL held."""
-        return self.held / max(self.probes, 1)
+    def note(self, worker_id: int, event: object) -> None:
+        """A worker's event: a batch counts from the worker's second on."""
+        done = getattr(event, "done", None)  # a `Received` batch
+        if done is None:
+            return
+        if worker_id not in self._set_up:
+            self._set_up.add(worker_id)
+            return
+        self._tasks, self._samples = self._tasks + 1, self._samples + done.samples
+        self._wall += done.load_s
 
+    def respawned(self, worker_id: int) -> None:
+        """A new process for ``worker_id``: its first task is its set-up again."""
+        self._set_up.discard(worker_id)
 
-class GilProbe:
-    """A thread that measures how often a thread wanting the GIL finds it held (see above).
+    def _progress(self, pool: Any) -> list[Any]:
+        found = (pool.progress(worker_id) for worker_id in range(self._workers))
+        return [progress for progress in found if progress is not None]
 
-    A probe also wakes late when every CPU is busy (GIL-free decode on all cores, another
-    job beside the loader): that is the machine's contention, not the GIL's, and it would
-    read GIL-free work as GIL-bound on a busy machine. Where Linux tells (the thread's
-    run-queue wait in ``/proc/thread-self/schedstat``), each probe's time spent waiting for
-    a CPU is taken out, so what remains is its wait for the GIL.
-    """
+    def figures(self, pool: Any) -> tuple[tuple[int, int, float], ProbeFigures]:
+        """``(tasks, samples, wall s)`` and the probes' figures, read from ``pool``."""
+        progress = self._progress(pool)
+        probes = sum(p.gil_probes for p in progress)
+        held = sum(min(p.gil_held, p.gil_probes) for p in progress)
+        return (self._tasks, self._samples, self._wall), ProbeFigures(probes, held, 0.0)
 
-    def __init__(self) -> None:
-        self._stop = threading.Event()
-        self.counting = False  # set once the workers are past their set-up
-        self.probes, self.held, self.waited_s = 0, 0, 0.0
-        self._thread = threading.Thread(target=self._run, name="steadyload-gil-probe", daemon=True)
-
-    def figures(self) -> ProbeFigures:
-        """What the probe has counted so far."""
-        return ProbeFigures(self.probes, self.held, self.waited_s)
-
-    def start(self) -> None:
-        """Start probing (not counting yet)."""
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop the probe thread; bounded: it sleeps a millisecond at a time."""
-        self._stop.set()
-        if self._thread.is_alive():  # never started: nothing to join
-            self._thread.join(timeout=1.0)
-
-    def _run(self) -> None:
-        clock, sleep = time.perf_counter, time.sleep
-        queued = _RunQueueClock()
-        try:
-            while not self._stop.is_set():
-                began, queued_before = clock(), queued()
-                sleep(PROBE_SLEEP_S)
-                late = clock() - began - PROBE_SLEEP_S - (queued() - queued_before)
-                if self.counting:  # plain updates: only this thread writes them
-                    self.probes += 1
-                    self.held += late > HELD_WAIT_S
-                    self.waited_s += max(late, 0.0)
-        finally:
-            queued.close()
-
-
-class _RunQueueClock:
-    """This thread's total wait for a CPU so far (Linux schedstat); where unknown it stands
-    still, so nothing is taken out. [Unit: second]"""
-
-    def __init__(self) -> None:
-        self._last = 0.0
-        self._fd: int | None = None
-        try:
-            self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-        except OSError:  # not Linux (or before 3.17): it stands still
-            pass
-
-    def __call__(self) -> float:
-        if self._fd is not None:
-            try:
-                self._last = int(os.pread(self._fd, 64, 0).split()[1]) * 1e-9
-            except (OSError, IndexError, ValueError):
-                self.close()
-        return self._last
-
-    def close(self) -> None:
-        """Close the schedstat file."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+    def drew(self, pool: Any) -> bool:
+        """Whether a worker's dataset drew from its process-wide random generators."""
+        return any(p.drew for p in self._progress(pool))
 
 
 def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | None:
@@ -257,10 +213,11 @@ def leans_to_processes(measured: tuple[int, int, float], probe: ProbeFigures) ->
 
 
 def live_choice(
-    measured: tuple[int, int, float], workers: int, probe: ProbeFigures
+    measured: tuple[int, int, float], workers: int, probe: ProbeFigures, on: str = "thread"
 ) -> WorkerChoice | None:
-    """Decide from the thread workers' ``(tasks, samples, wall s)`` and the probe's
-    figures; None: not enough yet."""
+    """Decide from the workers' ``(tasks, samples, wall s)`` and the probe's figures, taken
+    ``on`` "thread" workers (the probe beside them) or "process" workers (a probe inside
+    each); None: not enough yet."""
     tasks, samples, wall = measured
     if tasks < workers or wall < EARLY_WALL_S:
         return None
@@ -270,7 +227,7 @@ def live_choice(
         if not full and per_batch < 2 * MIN_PROCESS_BATCH_S:
             return None  # not clearly worth sending yet: wait for the full figures
         loaded = (
-            f"while {workers} thread workers loaded {tasks} batches, a sample took "
+            f"while {workers} {on} workers loaded {tasks} batches, a sample took "
             f"{per_sample * 1e6:.0f} us"
         )
         if per_batch >= MIN_PROCESS_BATCH_S:
@@ -300,6 +257,9 @@ def live_choice(
         f"while {workers} thread workers loaded {tasks} batches, a thread wanting the GIL "
         f"found it held by another in {share:.0%} of {probe.probes} probes (it waited "
         f"{wait * 1e3:.2f} ms on average)"
+        if on == "thread"
+        else f"while {workers} process workers loaded {tasks} batches, a probe inside each "
+        f"found its GIL held in {share:.0%} of {probe.probes} probes"
     )
     if share >= BUSY_SHARE:
         return chose(

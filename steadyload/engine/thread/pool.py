@@ -48,9 +48,10 @@ from ..pool import THREAD, Kind
 from ..protocol import Reset, Restore, Stop, Task
 from ..transport.outbox import Outbox
 from ..worker.fetch import ITERABLE, stateful
+from ..worker.rngs import drawn, process_rngs
 from ..worker.status import IDLE, Progress
 from ..worker.torch_hooks import install_per_thread
-from .sharing import drawn, global_rngs, process_rngs, restore_default, restore_rngs
+from .sharing import global_rngs, restore_default, restore_rngs
 from .worker import ThreadLink, WorkerThread, thread_main
 
 _JOIN_S = 2.0  # how long shutdown waits for a thread that is inside a dataset call

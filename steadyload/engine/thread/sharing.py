@@ -3,18 +3,20 @@ process-wide random generators.
 
 Process workers each have their own; threads share this process's, so a thread worker runs
 torch's ops on itself alone (`single_threaded_ops`), and a dataset that draws from the
-process-wide generators is found and named (`global_rngs`, `drawn`, `warn_global_draws`).
+process-wide generators is found and named (`global_rngs`, then ../worker/rngs.py's
+`drawn`, `warn_global_draws`).
 """
 
 from __future__ import annotations
 
 import functools
-import random
 import warnings
 from typing import Any
 
-import numpy as np
 import torch
+
+from ..worker.rngs import process_rngs
+from ..worker.rngs import restore_rngs as _restore_rngs
 
 
 def single_threaded_ops() -> None:
@@ -58,16 +60,7 @@ def global_rngs(dataset_type: type) -> tuple[Any, ...] | None:
     training loop's own (dropout, noise), which it makes outside the wait."""
     if dataset_type in _warned:
         return None
-    return _states()
-
-
-def _states() -> tuple[Any, ...]:
-    return torch.random.default_generator.get_state(), random.getstate(), np.random.get_state()
-
-
-def process_rngs() -> tuple[Any, ...]:
-    """The process-wide generators' states (torch's default, `random`, numpy's global)."""
-    return _states()
+    return process_rngs()
 
 
 def restore_rngs(states: tuple[Any, ...]) -> None:
@@ -75,18 +68,7 @@ def restore_rngs(states: tuple[Any, ...]) -> None:
     Trainer's ``seed_worker``, torch's reproducibility recipe) seeds the process-wide
     generators, which in a thread worker are the training loop's; in a process worker they
     are its own. So the training loop's draws go on as under process workers."""
-    torch.random.default_generator.set_state(states[0])
-    random.setstate(states[1])
-    np.random.set_state(states[2])
-
-
-def drawn(before: tuple[Any, ...]) -> bool:
-    """Whether the process-wide generators moved since ``before`` (`global_rngs`)."""
-    after = _states()
-    return not (
-        torch.equal(before[0], after[0]) and before[1] == after[1]
-        and np.array_equal(before[2][1], after[2][1])
-    )
+    _restore_rngs(states)
 
 
 def warn_global_draws(dataset_type: type) -> None:

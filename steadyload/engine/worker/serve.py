@@ -27,6 +27,7 @@ import torch
 from ..._seeding import SampleSeeder
 from ..config import WorkerConfig
 from . import loop, torch_hooks
+from .gil import WorkerGilProbe
 
 _LOG = logging.getLogger(__name__)
 
@@ -76,6 +77,11 @@ def serve(
         _LOG.debug("worker %d started (seed %d)", worker_id, seed)
         if began is not None:
             began()
+        if process_wide and cfg.probe_gil:
+            WorkerGilProbe(status.fields).start()  # ends by itself (MAX_WORKER_PROBES)
+            # A draw is a change between a task's start and end; sample_seeds reseeds the
+            # generators for every sample, so there it cannot be told (the parent knows).
+            status.check_draws = not cfg.sample_seeds  # type: ignore[attr-defined]
         loop.run(cfg, dataset, worker_id, link, status, seeder)
     except BaseException as exc:
         link.escaped(exc)

@@ -2,11 +2,13 @@
 
 One anonymous shared file (memfd) per worker process, created by the parent and passed to
 the worker over its socket. Bytes [0, 64) are eight int64 fields the worker updates as it
-works (which task, which sample of the batch, since when) and the parent reads at any
-time, also after the worker died. From byte 4096 on, the worker's faulthandler writes
-Python stacks: on a fatal signal (SIGSEGV, SIGABRT, ...) and on SIGUSR1, which the parent
-sends to a worker that hangs. Nothing touches the filesystem; the parent's descriptor
-keeps the text readable after the worker is gone.
+works (which task, which sample of the batch, since when; for ``worker_type="auto"``,
+the GIL probe's counts, gil.py, and whether the dataset drew from the process-wide random
+generators) and the parent reads at any time, also after the worker died. From
+byte 4096 on, the worker's faulthandler writes Python stacks: on a fatal signal (SIGSEGV,
+SIGABRT, ...) and on SIGUSR1, which the parent sends to a worker that hangs. Nothing
+touches the filesystem; the parent's descriptor keeps the text readable after the worker
+is gone.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from .rngs import drawn, process_rngs
+
 _HEADER = 4096
 _FIELDS = 8
-TASK, POSITION, STAGE, STARTED_NS, FLAGS = range(5)
+TASK, POSITION, STAGE, STARTED_NS, FLAGS, GIL_PROBES, GIL_HELD, DREW = range(8)
 
 IDLE, LOADING, COLLATING, SENDING, INIT, ITER = 0, 1, 2, 3, 4, 5
 STAGES = {IDLE: "idle", LOADING: "loading", COLLATING: "collating", SENDING: "sending",
@@ -58,6 +62,13 @@ class Progress:
     started_ns: int
     """When the task started, on the system-wide monotonic clock. [Unit: nanosecond]"""
     flags: int
+    gil_probes: int = 0
+    """The worker's GIL probe: probes counted so far (gil.py; 0 where none runs)."""
+    gil_held: int = 0
+    """Of those, the probes that found the GIL held."""
+    drew: bool = False
+    """A task drew from the process-wide random generators (checked where asked:
+    `WorkerStatus.check_draws`)."""
 
 
 class StatusBlock:
@@ -81,7 +92,7 @@ class StatusBlock:
         """What the worker is doing now (or was doing when it died)."""
         f = self._fields
         return Progress(int(f[TASK]), int(f[POSITION]), int(f[STAGE]), int(f[STARTED_NS]),
-                        int(f[FLAGS]))
+                        int(f[FLAGS]), int(f[GIL_PROBES]), int(f[GIL_HELD]), bool(f[DREW]))
 
     def stacks(self) -> str:
         """Everything faulthandler wrote: crash or on-demand stack dumps."""
@@ -123,6 +134,10 @@ class WorkerStatus:
         self._mm = mmap.mmap(fd, _HEADER)
         self.fields: Any = np.frombuffer(self._mm, np.int64, _FIELDS)
         self._libraries_checked = 0.0
+        self.check_draws = False
+        """Whether each task is checked for draws from the process-wide generators (auto
+        measuring on processes: thread workers would share them)."""
+        self._rngs: tuple[Any, ...] | None = None
         os.lseek(fd, _HEADER, os.SEEK_SET)
         faulthandler.enable(file=fd, all_threads=True)
         faulthandler.register(signal.SIGUSR1, file=fd, all_threads=True, chain=False)
@@ -134,10 +149,14 @@ class WorkerStatus:
         f[POSITION] = -1
         f[STARTED_NS] = time.monotonic_ns()
         f[STAGE] = LOADING
+        if self.check_draws:
+            self._rngs = process_rngs()
 
     def end(self) -> None:
         """The task's outcome was sent."""
         self.fields[STAGE] = IDLE
+        if self._rngs is not None and drawn(self._rngs):
+            self.fields[DREW] = 1
         now = time.monotonic()
         if now - self._libraries_checked > 2.0:  # cheap, but not per batch
             self._libraries_checked = now

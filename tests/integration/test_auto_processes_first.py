@@ -1,0 +1,123 @@
+"""worker_type="auto" where a process worker is a fork away (the zygote runs, as it does
+for the whole test session): it starts on processes, measures inside them, and keeps them
+or hands over to threads, losing and repeating nothing.
+
+The choice is forced (`force_auto`) where the hand-over is what is tested; the rule is
+tested with injected measurements (tests/unit/test_worker_kind.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import get_worker_info
+
+import steadyload as sl
+from tests.datasets import HandsOver, MapDS
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class WhereLoaded(MapDS):
+    """Sample i: (i, 1 if a process worker loaded it else 0)."""
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        return torch.tensor([i, int(info is not None and info.worker_method == "multiprocessing")])
+
+
+def _loaded(loader: Any) -> tuple[list[int], list[int]]:
+    rows = [row for batch in loader for row in batch.tolist()]
+    return [i for i, _ in rows], [p for _, p in rows]
+
+
+def test_auto_starts_on_processes_and_hands_over_to_threads(force_auto: Any) -> None:
+    force_auto("thread")
+    loader = sl.DataLoader(WhereLoaded(160), batch_size=4, num_workers=2, worker_type="auto")
+    order, in_process = _loaded(loader)
+    assert order == list(range(160))  # every sample once, in order, across the hand-over
+    assert in_process[0] == 1 and in_process[-1] == 0, in_process  # processes, then threads
+    report = loader.report()
+    assert report.worker_kind == "thread" and report.start_method is None, report
+    assert report.worker_type_choice == (
+        "worker_type='auto' chose thread workers: forced by the test (thread); the first "
+        "batches came from process workers while it measured"
+    )
+    # The next epoch starts on threads at once: the choice is kept.
+    order, in_process = _loaded(loader)
+    assert order == list(range(160)) and not any(in_process)
+
+
+def test_auto_keeps_the_processes_it_measured_on(force_auto: Any) -> None:
+    force_auto("process")
+    loader = sl.DataLoader(WhereLoaded(64), batch_size=4, num_workers=2, worker_type="auto")
+    order, in_process = _loaded(loader)
+    assert order == list(range(64)) and all(in_process)
+    report = loader.report()
+    assert report.worker_kind == "process" and report.start_method == "zygote", report
+    choice = report.worker_type_choice or ""
+    assert choice == "worker_type='auto' chose process workers: forced by the test (process)"
+    assert all(w.pid != os.getpid() for w in report.workers)
+
+
+class KillsFirstProcess(HandsOver):
+    """The first sample a process worker loads kills that process, once."""
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        if info is not None and info.worker_method == "multiprocessing":
+            try:
+                os.close(os.open(os.path.join(self.marker_dir, "k"), os.O_CREAT | os.O_EXCL))
+                os.kill(os.getpid(), 9)
+            except FileExistsError:
+                pass
+        return super().__getitem__(i)
+
+
+def test_a_process_killed_before_the_hand_over_to_threads_loses_and_repeats_nothing(
+    force_auto: Any, tmp_path: Path
+) -> None:
+    force_auto("thread")
+    ds = KillsFirstProcess(80, str(tmp_path), 0.002)
+    want = [b.tolist() for b in torch.utils.data.DataLoader(ds, batch_size=4)]  # no worker
+    loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto")
+    assert [b.tolist() for b in loader] == want
+    report = loader.report()
+    assert [r.cause for r in report.restarts] == ["killed by SIGKILL"]
+    assert report.worker_kind == "thread" and (tmp_path / "k").exists()
+
+
+class WaitsAndDraws(MapDS):
+    """Leaves the GIL free (it waits), but draws from torch's process-wide generator."""
+
+    def __getitem__(self, i: int) -> Any:
+        import time
+
+        time.sleep(0.002)
+        return torch.rand(1)
+
+
+def test_auto_keeps_processes_for_a_dataset_that_draws_from_the_global_generators() -> None:
+    """Measured on processes, the draw is seen there (the next event after it): thread
+    workers would share those generators, so the GIL-free work stays on processes."""
+    loader = sl.DataLoader(WaitsAndDraws(400), batch_size=4, num_workers=2, worker_type="auto")
+    assert len(list(loader)) == 100  # and no warning: a process's generators are its own
+    report = loader.report()
+    assert report.worker_kind == "process", report
+    assert report.worker_type_choice == (
+        "worker_type='auto' chose process workers: the dataset draws from the process-wide "
+        "random generators, which thread workers share"
+    )
+
+
+def test_auto_with_sample_seeds_keeps_processes_and_says_why() -> None:
+    loader = sl.DataLoader(WhereLoaded(64), batch_size=4, num_workers=2, worker_type="auto",
+                           sample_seeds=True)  # fmt: skip
+    order, in_process = _loaded(loader)
+    assert order == list(range(64)) and all(in_process)
+    assert "sample_seeds=True reseeds a process worker's process-wide random generators" in (
+        loader.report().worker_type_choice or "")
