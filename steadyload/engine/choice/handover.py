@@ -203,6 +203,11 @@ class HandoverPool(RoutedPool):
             choice = chose("process", _DRAWS)
         else:
             choice = live_choice(measured, self._num_workers, figures, on=on)
+            if choice is not None and on == "process":
+                if self._on_procs.drew(self._first) is None:
+                    choice = None  # threads only once every worker has checked for draws
+                else:
+                    choice = self._on_procs.keep_big_batches(choice)
         if choice is None:
             if (
                 on == "thread"

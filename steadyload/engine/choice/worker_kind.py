@@ -72,7 +72,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ..worker.gil import ProbeFigures
+from ..worker.status import DRAWN, UNCHECKED
 
 _LOG = logging.getLogger(__name__)
 
@@ -88,6 +91,11 @@ MIN_PROCESS_BATCH_S = 0.5e-3
 """The cost of a batch to the threads from which cheap samples go to processes: a process
 worker's batch has a cost of its own to the main process (receive, rebuild, bookkeeping),
 so below this threads stay ahead."""
+BIG_BATCH_BYTES = 8 << 20
+"""Measured on processes, GIL-free batches from this size on stay there: a thread worker
+makes each batch in fresh memory of the training process (its page faults contend with the
+training loop), a process worker in shared memory it reuses (between the 4.8 MB batches of
+JPEG decode, faster on threads, and 19 MB batches, faster on processes, as measured)."""
 MIN_PROBES = 50
 CLEAR_PROBES = 10  # enough probes when the share is past CLEAR_BUSY_SHARE
 CLEAR_BUSY_SHARE = 0.8
@@ -128,7 +136,7 @@ class ProcessFigures:
 
     def __init__(self, workers: int) -> None:
         self._workers = workers
-        self._tasks, self._samples, self._wall = 0, 0, 0.0
+        self._tasks, self._samples, self._wall, self._bytes = 0, 0, 0.0, 0
         self._set_up: set[int] = set()  # worker ids past their first task
 
     def note(self, worker_id: int, event: object) -> None:
@@ -141,6 +149,7 @@ class ProcessFigures:
             return
         self._tasks, self._samples = self._tasks + 1, self._samples + done.samples
         self._wall += done.load_s
+        self._bytes += _tensor_bytes(getattr(event, "batch", None))
 
     def respawned(self, worker_id: int) -> None:
         """A new process for ``worker_id``: its first task is its set-up again."""
@@ -157,9 +166,39 @@ class ProcessFigures:
         held = sum(min(p.gil_held, p.gil_probes) for p in progress)
         return (self._tasks, self._samples, self._wall), ProbeFigures(probes, held, 0.0)
 
-    def drew(self, pool: Any) -> bool:
-        """Whether a worker's dataset drew from its process-wide random generators."""
-        return any(p.drew for p in self._progress(pool))
+    def drew(self, pool: Any) -> bool | None:
+        """Whether a worker's dataset drew from its process-wide random generators; None:
+        not every worker has checked yet."""
+        progress = self._progress(pool)
+        if any(p.drew == DRAWN for p in progress):
+            return True
+        return None if any(p.drew == UNCHECKED for p in progress) else False
+
+    def keep_big_batches(self, choice: WorkerChoice) -> WorkerChoice:
+        """``choice``, unless it is threads for batches of `BIG_BATCH_BYTES` or more: those
+        stay on processes (see the constant)."""
+        per_batch = self._bytes / max(self._tasks, 1)
+        if choice.kind != "thread" or per_batch < BIG_BATCH_BYTES:
+            return choice
+        why = choice.reason.removeprefix("worker_type='auto' chose thread workers: ")
+        return chose(
+            "process",
+            f"{why.split(': the GIL')[0]}, but a batch is {per_batch / 2**20:.0f} MiB: thread "
+            "workers make each one in fresh memory of this process (page faults beside the "
+            "training loop), a process worker in shared memory it reuses, so processes "
+            "load batches this big faster",
+        )
+
+
+def _tensor_bytes(batch: Any) -> int:
+    """The bytes of the tensors in ``batch`` (dicts, lists and tuples walked)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.nbytes
+    if isinstance(batch, dict):
+        return sum(_tensor_bytes(value) for value in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_tensor_bytes(value) for value in batch)
+    return 0
 
 
 def static_choice(loader: Any, max_worker_memory: int | None) -> WorkerChoice | None:

@@ -13,7 +13,8 @@ when CPython makes it (after the switch interval, 5 ms). A probe that waits long
   configuration asks): how much of its loading holds the GIL, which is what threads would
   take turns at. It counts only while the worker loads a task after its first (the first
   is its set-up: imports, caches), writes its counts to the worker's status block, which
-  the parent reads, and ends after `MAX_WORKER_PROBES`.
+  the parent reads, and ends after `MAX_WORKER_PROBES` (sooner where the GIL is clearly
+  busy: `BUSY_STOP`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,13 @@ HELD_WAIT_S = 150e-6
 was held by another thread: a free one costs the timer's slack (50 us on Linux) and a
 wake-up."""
 PROBE_SLEEP_S = 0.001
-MAX_WORKER_PROBES = 400
-"""A process worker's probe ends after this many counted probes (past what the choice
-needs: worker_kind.MAX_PROBES over all workers)."""
+MAX_WORKER_PROBES = 150
+"""A process worker's probe ends after this many counted probes (what the choice needs at
+most is worker_kind.MAX_PROBES over all workers)."""
+BUSY_STOP = (20, 0.9)
+"""A process worker's probe that found the GIL held in this share of at least this many
+probes ends early: the choice is clear long before (worker_kind.CLEAR_*), and each probe
+makes the worker's thread hand the GIL over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +133,10 @@ class WorkerGilProbe(GilProbe):
         super()._count(late)
         self._fields[GIL_PROBES] = self.probes  # a reader may see one ahead of the other
         self._fields[GIL_HELD] = self.held
-        if self.probes >= MAX_WORKER_PROBES:
+        enough, busy = BUSY_STOP
+        if self.probes >= MAX_WORKER_PROBES or (
+            self.probes >= enough and self.held >= busy * self.probes
+        ):
             self._stop.set()
 
 

@@ -29,10 +29,17 @@ from .rngs import drawn, process_rngs
 _HEADER = 4096
 _FIELDS = 8
 TASK, POSITION, STAGE, STARTED_NS, FLAGS, GIL_PROBES, GIL_HELD, DREW = range(8)
+UNCHECKED, UNDRAWN, DRAWN = 0, 1, 2  # DREW's values
 
 IDLE, LOADING, COLLATING, SENDING, INIT, ITER = 0, 1, 2, 3, 4, 5
-STAGES = {IDLE: "idle", LOADING: "loading", COLLATING: "collating", SENDING: "sending",
-          INIT: "in worker_init_fn", ITER: "in iter(dataset)"}
+STAGES = {
+    IDLE: "idle",
+    LOADING: "loading",
+    COLLATING: "collating",
+    SENDING: "sending",
+    INIT: "in worker_init_fn",
+    ITER: "in iter(dataset)",
+}
 STARTING = (INIT, ITER)
 """Stages outside any task: watched for hangs like a task, blamed on no sample."""
 
@@ -41,6 +48,7 @@ def starting(fields: Any, stage: int) -> None:
     """The worker enters ``stage`` (`INIT` or `ITER`), outside any task, from now."""
     fields[TASK], fields[POSITION], fields[STARTED_NS] = -1, -1, time.monotonic_ns()
     fields[STAGE] = stage
+
 
 # Native libraries worth naming after a crash (FLAGS bits).
 RISKY_LIBRARIES = {
@@ -66,9 +74,9 @@ class Progress:
     """The worker's GIL probe: probes counted so far (gil.py; 0 where none runs)."""
     gil_held: int = 0
     """Of those, the probes that found the GIL held."""
-    drew: bool = False
-    """A task drew from the process-wide random generators (checked where asked:
-    `WorkerStatus.check_draws`)."""
+    drew: int = 0
+    """Whether the dataset drew from the process-wide random generators, where checked
+    (`WorkerStatus.check_draws`): `UNCHECKED`, `UNDRAWN` (so far) or `DRAWN`."""
 
 
 class StatusBlock:
@@ -91,8 +99,16 @@ class StatusBlock:
     def progress(self) -> Progress:
         """What the worker is doing now (or was doing when it died)."""
         f = self._fields
-        return Progress(int(f[TASK]), int(f[POSITION]), int(f[STAGE]), int(f[STARTED_NS]),
-                        int(f[FLAGS]), int(f[GIL_PROBES]), int(f[GIL_HELD]), bool(f[DREW]))
+        return Progress(
+            int(f[TASK]),
+            int(f[POSITION]),
+            int(f[STAGE]),
+            int(f[STARTED_NS]),
+            int(f[FLAGS]),
+            int(f[GIL_PROBES]),
+            int(f[GIL_HELD]),
+            int(f[DREW]),
+        )
 
     def stacks(self) -> str:
         """Everything faulthandler wrote: crash or on-demand stack dumps."""
@@ -138,6 +154,7 @@ class WorkerStatus:
         """Whether each task is checked for draws from the process-wide generators (auto
         measuring on processes: thread workers would share them)."""
         self._rngs: tuple[Any, ...] | None = None
+        self._draws_checked = 0.0
         os.lseek(fd, _HEADER, os.SEEK_SET)
         faulthandler.enable(file=fd, all_threads=True)
         faulthandler.register(signal.SIGUSR1, file=fd, all_threads=True, chain=False)
@@ -149,15 +166,18 @@ class WorkerStatus:
         f[POSITION] = -1
         f[STARTED_NS] = time.monotonic_ns()
         f[STAGE] = LOADING
-        if self.check_draws:
+        if self.check_draws and self._rngs is None:  # as seeded, before the dataset's code
             self._rngs = process_rngs()
 
     def end(self) -> None:
         """The task's outcome was sent."""
         self.fields[STAGE] = IDLE
-        if self._rngs is not None and drawn(self._rngs):
-            self.fields[DREW] = 1
         now = time.monotonic()
+        if self._rngs is not None and (now - self._draws_checked > 0.05 or not self.fields[DREW]):
+            # A draw moves the generators for good: checked against the seeded states now
+            # and then (each check copies their states), first after the first task.
+            self._draws_checked = now
+            self.fields[DREW] = UNDRAWN if not drawn(self._rngs) else DRAWN
         if now - self._libraries_checked > 2.0:  # cheap, but not per batch
             self._libraries_checked = now
             self.fields[FLAGS] = _loaded_library_flags()
