@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from steadyload.engine.choice import worker_kind
 from steadyload.engine.choice.worker_kind import live_choice
@@ -214,3 +215,65 @@ def test_the_rule_reads_a_probe_inside_process_workers_the_same_way() -> None:
     assert cheap is not None and cheap.kind == "process"
     assert cheap.reason.startswith(
         "worker_type='auto' chose process workers: while 2 process workers loaded 600 batches")
+
+
+class _Done:
+    def __init__(self, samples: int, load_s: float) -> None:
+        self.samples, self.load_s = samples, load_s
+
+
+class _Batch:
+    """A `Received`-like event: what `ProcessFigures.note` reads."""
+
+    def __init__(self, nbytes: int, samples: int = 16, load_s: float = 0.01) -> None:
+        self.done = _Done(samples, load_s)
+        self.batch = {"x": torch.empty(nbytes, dtype=torch.uint8), "y": [torch.zeros(0)]}
+
+
+class _Pool:
+    """What `ProcessFigures` reads of a pool: each worker's status fields."""
+
+    def __init__(self, *progress: status.Progress | None) -> None:
+        self._progress = progress
+
+    def progress(self, worker_id: int) -> status.Progress | None:
+        return self._progress[worker_id]
+
+
+def _progress(probes: int = 0, held: int = 0, drew: int = status.UNCHECKED) -> status.Progress:
+    return status.Progress(0, 0, status.LOADING, 0, 0, probes, held, drew)
+
+
+def test_process_figures_count_from_each_workers_second_batch_and_read_the_status() -> None:
+    figures = worker_kind.ProcessFigures(2)
+    for worker_id in (0, 1, 0, 1, 0):
+        figures.note(worker_id, _Batch(1 << 20))
+    figures.note(1, object())  # not a batch (a death, a failure): not counted
+    pool = _Pool(_progress(60, 50, status.UNDRAWN), _progress(40, 45, status.UNDRAWN))
+    measured, probe = figures.figures(pool)
+    assert measured == (3, 48, pytest.approx(0.03))  # the first batch of each is its set-up
+    assert (probe.probes, probe.held) == (100, 90)  # held read one ahead is capped
+    assert figures.drew(pool) is False
+    assert figures.drew(_Pool(_progress(drew=status.UNDRAWN), _progress())) is None  # unchecked
+    assert figures.drew(_Pool(_progress(drew=status.DRAWN), None)) is True
+    figures.respawned(0)
+    figures.note(0, _Batch(1 << 20))  # a new process's first batch is its set-up again
+    assert figures.figures(pool)[0][0] == 3
+
+
+def test_measured_on_processes_big_gil_free_batches_stay_there() -> None:
+    free = live_choice((6, 24, 1.0), 2, _probe(100, 0.05), on="process")
+    assert free is not None and free.kind == "thread"
+    small, big = worker_kind.ProcessFigures(1), worker_kind.ProcessFigures(1)
+    for _ in range(3):
+        small.note(0, _Batch(worker_kind.BIG_BATCH_BYTES // 2))
+        big.note(0, _Batch(worker_kind.BIG_BATCH_BYTES + (2 << 20)))
+    assert small.keep_big_batches(free) is free
+    kept = big.keep_big_batches(free)
+    assert kept.kind == "process"
+    assert kept.reason.startswith(
+        "worker_type='auto' chose process workers: while 2 process workers loaded 6 batches, "
+        "a probe inside each found its GIL held in 5% of 100 probes, but a batch is 10 MiB"
+    ), kept.reason
+    busy = live_choice((6, 24, 1.0), 2, _probe(100, 0.9), on="process")
+    assert busy is not None and big.keep_big_batches(busy) is busy

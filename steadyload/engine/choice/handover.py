@@ -96,6 +96,7 @@ class HandoverPool(RoutedPool):
         self._held = [0] * num_workers  # tasks each first-pool worker holds
         self._first_died: set[int] = set()  # ids whose latest death was their first worker's
         self._choice: WorkerChoice | None = None
+        self._kept = False  # measured on processes and kept: no hand-over will come
         self._probe = GilProbe()  # beside thread workers, until the choice is made
         self._on_procs = ProcessFigures(num_workers)  # measured on processes (past set-up)
         self._announce: list[tuple[int, object]] = []  # WorkersChosen, for the next wait
@@ -159,14 +160,13 @@ class HandoverPool(RoutedPool):
     def respawn(self, worker_id: int) -> None:
         """A fresh worker for ``worker_id``: of the first pool until the second runs; then
         the second's worker of that id (itself, if only the first's died)."""
-        if worker_id in self._first_died:
+        if worker_id in self._first_died or self._second is None:
             self._first_died.discard(worker_id)
             self._held[worker_id] = 0  # what it held is re-sent (and counted) anew
             self._on_procs.respawned(worker_id)
             if self._second is None:
                 self._first.respawn(worker_id)
             return
-        assert self._second is not None
         self._second.respawn(worker_id)
 
     def shutdown(self) -> None:
@@ -239,6 +239,7 @@ class HandoverPool(RoutedPool):
         if choice.kind == "process":
             event = WorkersChosen("process", choice.reason, self._method, self._preload, now=True)
             self._announce.append((CHOSEN, event))
+            self._kept = True
             return
         threads = self._thread_pool()
         threads.start()  # nothing to fork: the threads run at once
@@ -330,6 +331,9 @@ class HandoverPool(RoutedPool):
     def send_task(self, worker_id: int, task_id: int, indices: Any, epoch: int = 0) -> None:
         """To the first pool's worker of ``worker_id`` until the second runs, then to the
         second's."""
+        if self._kept:  # measured and kept: the pool is the first alone from now on
+            self._first.send_task(worker_id, task_id, indices, epoch)
+            return
         self._adopt()
         if self._second is not None:
             self._second.send_task(worker_id, task_id, indices, epoch)
@@ -358,6 +362,8 @@ class HandoverPool(RoutedPool):
 
     def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
         """Events of both pools, and `WorkersChosen` once; decides and adopts as they come."""
+        if self._kept and not self._announce:
+            return self._first.collect(ready)  # the first alone (a tiny batch's cost counts)
         from_first = self._first.collect(ready) if self._first.running else []
         events = self._second.collect(ready) if self._second is not None else []
         draws_globally = False

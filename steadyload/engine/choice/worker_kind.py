@@ -74,16 +74,13 @@ from typing import Any
 
 import torch
 
-from ..worker.gil import ProbeFigures
+from ..worker.gil import BUSY_SHARE, MIN_PROBES, NEAR_LINE, ProbeFigures
 from ..worker.status import DRAWN, UNCHECKED
 
 _LOG = logging.getLogger(__name__)
 
-BUSY_SHARE = 0.35
-"""The share of probes that found the GIL held from which threads take turns at it
-(between GIL-free work and Python that lets go of the GIL every sample, as measured)."""
-NEAR_LINE = 0.1  # a share this close to BUSY_SHARE waits for more probes ...
-MAX_PROBES = 200  # ... up to this many
+# Near the line (`NEAR_LINE`, gil.py) the choice waits for more probes, up to:
+MAX_PROBES = 200
 CHEAP_SAMPLE_S = 50e-6
 """A thread's cost per sample below which the probe cannot tell (see above) and the
 batch's cost decides (between tiny samples and every other workload as measured)."""
@@ -96,7 +93,6 @@ BIG_BATCH_BYTES = 8 << 20
 makes each batch in fresh memory of the training process (its page faults contend with the
 training loop), a process worker in shared memory it reuses (between the 4.8 MB batches of
 JPEG decode, faster on threads, and 19 MB batches, faster on processes, as measured)."""
-MIN_PROBES = 50
 CLEAR_PROBES = 10  # enough probes when the share is past CLEAR_BUSY_SHARE
 CLEAR_BUSY_SHARE = 0.8
 """A held share this far above the line decides for processes without waiting for the
@@ -256,14 +252,18 @@ def live_choice(
 ) -> WorkerChoice | None:
     """Decide from the workers' ``(tasks, samples, wall s)`` and the probe's figures, taken
     ``on`` "thread" workers (the probe beside them) or "process" workers (a probe inside
-    each); None: not enough yet."""
+    each); None: not enough yet. On processes a choice to keep them needs no guard against
+    a pause (they are kept while undecided anyway): it is made on the first figures that
+    point there."""
     tasks, samples, wall = measured
-    if tasks < workers or wall < EARLY_WALL_S:
+    kept = on == "process"  # choosing processes changes nothing
+    if tasks < workers or (wall < EARLY_WALL_S and not kept):
         return None
     full = tasks >= MIN_TASKS_PER_WORKER * workers and wall >= MIN_WALL_S
     per_sample, per_batch = wall / max(samples, 1), wall / tasks
     if per_sample < CHEAP_SAMPLE_S:
-        if not full and per_batch < 2 * MIN_PROCESS_BATCH_S:
+        clearly = (1 if kept else 2) * MIN_PROCESS_BATCH_S
+        if not full and per_batch < clearly:
             return None  # not clearly worth sending yet: wait for the full figures
         loaded = (
             f"while {workers} {on} workers loaded {tasks} batches, a sample took "

@@ -32,7 +32,12 @@ HELD_WAIT_S = 150e-6
 was held by another thread: a free one costs the timer's slack (50 us on Linux) and a
 wake-up."""
 PROBE_SLEEP_S = 0.001
-MAX_WORKER_PROBES = 150
+BUSY_SHARE = 0.35
+"""The share of probes that found the GIL held from which threads take turns at it
+(between GIL-free work and Python that lets go of the GIL every sample, as measured)."""
+NEAR_LINE = 0.1  # a share this close to BUSY_SHARE waits for more probes ...
+MIN_PROBES = 50  # the probes the choice needs, far from the line
+MAX_WORKER_PROBES = 200
 """A process worker's probe ends after this many counted probes (what the choice needs at
 most is worker_kind.MAX_PROBES over all workers)."""
 BUSY_STOP = (20, 0.9)
@@ -112,8 +117,10 @@ class GilProbe:
 
 class WorkerGilProbe(GilProbe):
     """A process worker's probe: counts while the worker loads a task after its first, into
-    the worker's status fields (`StatusReader.gil_figures` reads them), up to
-    `MAX_WORKER_PROBES`."""
+    the worker's status fields (`StatusBlock.progress` reads them); it ends once its own
+    figures would be enough for the choice: `MIN_PROBES` far from the line (`NEAR_LINE` of
+    `BUSY_SHARE`), `BUSY_STOP`, or `MAX_WORKER_PROBES`. Each probe costs the worker a
+    wake-up (and, where its code holds the GIL, a hand-over of it)."""
 
     def __init__(self, fields: Any) -> None:
         super().__init__("steadyload-worker-gil-probe")
@@ -134,8 +141,11 @@ class WorkerGilProbe(GilProbe):
         self._fields[GIL_PROBES] = self.probes  # a reader may see one ahead of the other
         self._fields[GIL_HELD] = self.held
         enough, busy = BUSY_STOP
-        if self.probes >= MAX_WORKER_PROBES or (
-            self.probes >= enough and self.held >= busy * self.probes
+        share = self.held / self.probes
+        if (
+            self.probes >= MAX_WORKER_PROBES
+            or (self.probes >= enough and share >= busy)
+            or (self.probes >= MIN_PROBES and abs(share - BUSY_SHARE) >= NEAR_LINE)
         ):
             self._stop.set()
 
