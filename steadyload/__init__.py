@@ -18,6 +18,7 @@ from ._version import __version__ as __version__
 from .per_worker import per_worker as per_worker  # noqa: E402
 
 if TYPE_CHECKING:
+    from ._seeding import sample_rng as sample_rng
     from .engine.remote.spec import RemoteWorkers as RemoteWorkers
     from .errors import MainGuardError as MainGuardError
     from .errors import NotPicklableError as NotPicklableError
@@ -59,6 +60,7 @@ _EXPORTS = {
     "prestart": ".start.context",
     "replay": ".resume.ledger.replay",
     "report_every": ".report",
+    "sample_rng": "._seeding",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -13,7 +13,9 @@ import random
 import sys
 from typing import Any
 
+import numpy as np
 import torch
+from torch.utils.data._utils import worker as _torch_worker
 
 _MASK = (1 << 64) - 1
 
@@ -30,6 +32,46 @@ def _key(index: Any) -> int:
         return index & _MASK
     digest = hashlib.blake2b(repr(index).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
+
+
+def worker_rng(seed: int) -> Any:
+    """Generators of one worker's own, seeded from ``seed`` (torch's container for thread
+    workers, ``get_worker_info().rng``); None on a torch without it."""
+    container = getattr(_torch_worker, "_RNG", None)
+    if container is None:
+        return None
+    return container(
+        random.Random(seed),
+        torch.Generator().manual_seed(seed),
+        np.random.Generator(np.random.PCG64(seed)),
+    )
+
+
+_in_process: list[Any] = []  # the training process's own, made at the first use
+
+
+def _in_process_rng() -> Any:
+    if not _in_process:
+        _in_process.append(worker_rng(torch.initial_seed()))
+    return _in_process[0]
+
+
+def sample_rng() -> Any:
+    """The random generators a dataset draws from, the same way in every kind of worker and
+    with ``num_workers=0``: ``.torch_generator``, ``.random_generator``,
+    ``.numpy_generator``.
+
+    In a worker they are its own (``get_worker_info().rng``); in the training process
+    (``num_workers=0``, where ``get_worker_info()`` is None) they are generators of this
+    process's own, not the process-wide ones. With ``sample_seeds=True`` the loader reseeds
+    them for every sample, so a sample's draws are the same for any number and kind of
+    workers. Example: ``torch.rand(2, generator=steadyload.sample_rng().torch_generator)``.
+    """
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    rng = getattr(info, "rng", None) if info is not None else None
+    return rng if rng is not None else _in_process_rng()
 
 
 def sample_seed(base_seed: int, epoch: int, index: Any) -> int:
@@ -49,7 +91,11 @@ class SampleSeeder:
     """
 
     def __init__(
-        self, base_seed: int, stream_tag: int | None = None, *, own: Any = None,
+        self,
+        base_seed: int,
+        stream_tag: int | None = None,
+        *,
+        own: Any = None,
         process_wide: bool = True,
     ) -> None:
         self.base_seed = base_seed
@@ -63,7 +109,11 @@ class SampleSeeder:
         if isinstance(index, StreamItem):
             index = ("stream", self._tag, index.number)
         seed = sample_seed(self.base_seed, self.epoch, index)
-        own = getattr(self._own, "rng", None)
+        # A worker's own generators; in the training process (num_workers=0, a replay), the
+        # ones `sample_rng` gives there.
+        own = getattr(self._own, "rng", None) if self._own is not None else None
+        if own is None and self._own is None and self._process_wide:
+            own = _in_process_rng()
         if own is not None:
             own.torch_generator.manual_seed(seed)
             own.random_generator.seed(seed)
@@ -103,3 +153,6 @@ class KeepCallerRngs:
         if self._np is not None:
             np, state = self._np
             np.random.set_state(state)
+
+
+sample_rng.__module__ = "steadyload"  # the public name (steadyload/__init__.py)

@@ -90,10 +90,26 @@ def _children() -> set[int]:
 
 
 def _shm_files() -> set[str]:
+    """This test process's /dev/shm files (torch's ``torch_<pid>_...``, ours): a file whose
+    maker is a live process outside this process's tree is another job's (a second pytest
+    process, a demo beside the suite) and not counted; a dead maker's file is counted (a
+    killed worker of ours leaves its files behind)."""
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith(("sl-", "steadyload", "torch_"))}
+        names = [n for n in os.listdir("/dev/shm") if n.startswith(("sl-", "steadyload", "torch_"))]
     except FileNotFoundError:
         return set()
+    ours = {os.getpid()} | {c.pid for c in psutil.Process().children(recursive=True)}
+    return {name for name in names if _maker(name) in ours or not _alive(_maker(name))}
+
+
+def _maker(name: str) -> int | None:
+    """The pid in a torch shared-memory file's name (``torch_<pid>_<random>_<n>``)."""
+    parts = name.split("_")
+    return int(parts[1]) if name.startswith("torch_") and parts[1:] and parts[1].isdigit() else None
+
+
+def _alive(pid: int | None) -> bool:
+    return pid is not None and psutil.pid_exists(pid)
 
 
 def _describe_fds(fds: set[int]) -> list[str]:

@@ -120,3 +120,8 @@ class Hungry(Augmented):
             time.sleep(60)  # Ray's memory monitor kills the actor long before
             del held
         return super().__getitem__(i)
+
+
+def waits_for(event: Any) -> None:
+    """Waits until ``event`` is set (at most 10 s): a frame to look at."""
+    event.wait(10)  # the line a stack of this frame shows

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -151,12 +152,24 @@ def describe(loader: tud.DataLoader[Any], offset: int = 0) -> dict[str, Any] | N
     return None
 
 
-def _buried(obj: Any) -> Any:
-    """A DistributedSampler somewhere inside a custom batch sampler (or None)."""
-    for _ in range(4):
-        obj = getattr(obj, "batch_sampler", None) or getattr(obj, "sampler", None)
-        if isinstance(obj, DistributedSampler):
-            return obj
+def _buried(obj: Any, depth: int = 4) -> Any:
+    """A DistributedSampler held by a custom batch sampler (or None): under any attribute
+    (``.sampler``, ``.batch_sampler``, ``._inner``, ...), of an attribute, ``depth`` deep;
+    lists and other containers are not searched (an index list may be long), nor modules."""
+    if depth == 0:
+        return None
+    try:
+        held = list(vars(obj).values())
+    except TypeError:  # no __dict__ (slots, a builtin): nothing held that way
+        return None
+    for value in held:
+        if isinstance(value, DistributedSampler):
+            return value
+    for value in held:
+        if hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType)):
+            found = _buried(value, depth - 1)
+            if found is not None:
+                return found
     return None
 
 

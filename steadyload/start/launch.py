@@ -7,7 +7,8 @@ loader hangs in `iter()` with nothing said. Here the same exchange waits in slic
 stopped server is named at once; a server that is slow (the first start waits for its
 preloads: torch, your dataset's module and what it imports, from a cold network disk) is
 waited for as long as it makes progress (its CPU time or the bytes it reads grow), and one
-that has made none for `STALL_S` fails the start with what was seen. A server that died
+that has made none for `STALL_S` (the environment variable `STALL_ENV` sets another) fails
+the start with what was seen. A server that died
 answers EOF, as in CPython.
 
 Used through `BoundedPopen` by the forkserver context (`FORKSERVER`, a `ForkServerContext`
@@ -27,7 +28,26 @@ from typing import Any
 
 STALL_S = 120.0
 """How long a fork server may make no progress at all (neither CPU time nor reads) before
-a worker start it has not answered fails. [Unit: second]"""
+a worker start it has not answered fails, unless `STALL_ENV` says. [Unit: second]"""
+STALL_ENV = "STEADYLOAD_START_STALL_S"
+
+
+def stall_s() -> float:
+    """`STALL_S`, or the seconds `STALL_ENV` sets. [Unit: second]"""
+    raw = os.environ.get(STALL_ENV)
+    if raw is None:
+        return STALL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:  # also NaN
+        raise ValueError(
+            f"{STALL_ENV}={raw!r} is not a number of seconds above 0: it is how long a "
+            "worker start waits for a fork server that makes no progress. Set it to a "
+            f"number such as 300, or unset it for the default ({STALL_S:g} s)."
+        )
+    return value
 _SLICE_S = 0.25  # how often the server's state is looked at while waiting
 
 
@@ -74,6 +94,7 @@ class _Watch:
         self._clock = clock  # [Unit: second]; tests inject one
         self._seen = server_progress(pid) if pid is not None else (0, 0)
         self._since = clock()
+        self._stall_s = stall_s()
 
     def check(self) -> None:
         """Raise `StartStalled` if the server is stopped or has made no progress lately."""
@@ -92,11 +113,12 @@ class _Watch:
         now, seen = self._clock(), server_progress(pid)
         if seen != self._seen:
             self._seen, self._since = seen, now
-        elif now - self._since >= STALL_S:
+        elif now - self._since >= self._stall_s:
             raise StartStalled(
                 f"{server} did not fork the worker and made no progress (no "
-                f"CPU time, no reads) for {STALL_S:g} s (process state "
-                f"{state!r})",
+                f"CPU time, no reads) for {self._stall_s:g} s (process state "
+                f"{state!r}; a start waits that long for a server that makes no progress: "
+                f"{STALL_ENV}, in seconds, {STALL_S:g} by default)",
                 pid,
                 False,
             )

@@ -4,7 +4,7 @@ Run by tests/faults/test_stalled_server.py in a process of its own (the fork ser
 process-wide): ``python stalled_server_job.py stopped|slow|busy forkserver|zygote``.
 stopped: the warm server gets SIGSTOP before the next loader starts its workers.
 slow: the server's preload (the dataset's module) sleeps 3 s in its import, and the job
-allows a server 1 s without progress (launch.STALL_S; 120 s by default).
+allows a server 1 s without progress (STEADYLOAD_START_STALL_S; 120 s by default).
 busy: the same, but the import computes for 3 s: progress, so the start is waited for.
 """
 
@@ -41,7 +41,7 @@ if __name__ == "__main__":
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
     else:
-        launch.STALL_S = 1.0
+        os.environ[launch.STALL_ENV] = "1"
     began = time.monotonic()
     try:
         seen["first"] = [b.tolist() for b in loader()]
@@ -51,6 +51,6 @@ if __name__ == "__main__":
     if how == "stopped":
         os.kill(server_pid() or 0, signal.SIGCONT)
     else:
-        launch.STALL_S = 120.0
+        del os.environ[launch.STALL_ENV]
     seen["after"] = [b.tolist() for b in loader()]  # the server answers again: all is well
     print(json.dumps(seen))

@@ -48,6 +48,7 @@ def test_a_server_slow_past_the_timeout_fails_the_start_with_what_was_seen() -> 
     # Still importing its preloads, asleep: no CPU time, no reads, not stopped.
     assert ("did not fork the worker and made no progress (no CPU time, no reads) for 1 s "
             "(process state '") in error, error
+    assert "STEADYLOAD_START_STALL_S, in seconds, 120 by default" in error, error  # the knob
     assert "is stopped" not in error and "Fix: see what it is doing (`py-spy dump --pid " in error
     assert seen["after"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
 

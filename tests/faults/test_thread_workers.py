@@ -9,6 +9,7 @@ import random
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,31 @@ def test_auto_with_skip_picks_processes_that_survive_a_native_crash() -> None:
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["kind"] == "process" and seen["skipped"] == [5]
     assert seen["got"] == [i for i in range(16) if i != 5]
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "auto"])
+def test_the_exit_after_a_handled_hang_says_what_it_waits_for_and_does_not_wait_it_out(
+    worker_type: str,
+) -> None:
+    """#40 item 7: the thread abandoned after its hang is still asleep (30 s) when the script
+    ends; the exit names it and its sample at once, and waits 2 s for it, not 30."""
+    began = time.monotonic()
+    out = _job("abandoned_exit_job.py", worker_type, timeout=60)
+    total = time.monotonic() - began
+    assert out.returncode == 0, out.stderr[-3000:]
+    done = float(out.stdout.strip().splitlines()[-1].split()[1])
+    assert total - done < 15, (total, done)  # the exit did not wait out the 30 s sleep
+    assert "at exit, waiting up to 2 s for steadyload-thread-" in out.stderr, out.stderr
+    assert "abandoned after a hang at sample 5 (task 2)" in out.stderr, out.stderr
+    assert "pass hang_timeout=" not in out.stderr, out.stderr  # the user already did
+
+
+def test_an_auto_epoch_that_ends_while_its_processes_start_exits_quietly() -> None:
+    """#40 item 5: the hand-over's processes, started from a cold fork server, are still
+    starting when the epoch (16 tiny batches) and the script end: the exit waits for that
+    start to finish and stops the workers, with no traceback from the fork server."""
+    for _ in range(2):
+        out = _job("auto_exit_job.py", timeout=90)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stderr == "", out.stderr[-3000:]
+        assert out.stdout.startswith("processes started: False"), out.stdout  # ended first

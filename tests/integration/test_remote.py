@@ -802,3 +802,26 @@ def test_lightning_keeps_remote_workers_through_predict_and_a_mid_epoch_resume(
     assert type(rebuilt) is sl.DataLoader and rebuilt.remote_workers == 2  # re-instantiated
     assert [w.node is not None for w in rebuilt.report().workers] == [True, True]
     assert model.batches == [list(range(k, k + 4)) for k in range(0, 16, 4)]
+
+
+def test_a_hung_remote_sample_of_code_pickled_by_value_names_the_users_file(
+    cluster: Ray, tmp_path: Path, caplog: Any
+) -> None:
+    """#40 item 3: a dataset pickled by value (as a class in a script's __main__ is) has its
+    code named <dynamic-code> on the actor; the hang report names the file, line and code."""
+    import cloudpickle
+
+    import tests.remote_datasets as module
+
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        ds = Faulty(16, hang=5, marker=str(tmp_path / "hung"))
+        loader = sl.DataLoader(ds, batch_size=2, remote_workers=2, hang_timeout=4.0)
+        with caplog.at_level(logging.INFO, logger="steadyload"):
+            got = list(loader)
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+    assert _indices(got) == list(range(16))
+    assert "<dynamic-code>" not in caplog.text, caplog.text
+    assert 'remote_datasets.py", line 46, in __getitem__' in caplog.text, caplog.text
+    assert "time.sleep(600)" in caplog.text

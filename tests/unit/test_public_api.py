@@ -32,6 +32,7 @@ DOCUMENTED = [
     "prestart",
     "replay",
     "report_every",
+    "sample_rng",
 ]
 
 

@@ -344,3 +344,60 @@ def test_a_distributed_sampler_inside_a_custom_batch_sampler_stays_on_its_ranks(
     loader(2).load_state_dict(state)  # the same number of ranks: as before
     with pytest.raises(ValueError, match="sits inside a custom batch sampler"):
         loader(3).load_state_dict(state)
+
+
+class _Held(torch.utils.data.Sampler[list[int]]):
+    """A custom batch sampler holding its DistributedSampler under another name than
+    ``.sampler``, one level down (``self._source.order``)."""
+
+    class _Source:
+        def __init__(self, order: DistributedSampler[int]) -> None:
+            self.order = order
+
+    def __init__(self, sampler: DistributedSampler[int]) -> None:
+        self._source = self._Source(sampler)
+
+    def __iter__(self) -> Any:
+        it = iter(self._source.order)
+        return iter(lambda: [next(it), next(it)], None)
+
+    def __len__(self) -> int:
+        return len(self._source.order) // 2
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def test_a_distributed_sampler_held_under_any_attribute_is_recognised() -> None:
+    """The guide: one held by a custom batch sampler, under any attribute, is refused on
+    another number of ranks (it was recognised only as `.sampler` / `.batch_sampler`)."""
+
+    def loader(ranks: int) -> sl.DataLoader[Any]:
+        return sl.DataLoader(Ids(24), batch_sampler=_Held(DistributedSampler(
+            Ids(24), num_replicas=ranks, rank=0)))  # fmt: skip
+
+    saving = loader(2)
+    next(iter(saving))
+    state = saving.state_dict()
+    loader(2).load_state_dict(state)
+    with pytest.raises(ValueError, match="sits inside a custom batch sampler"):
+        loader(3).load_state_dict(state)
+
+
+def test_an_in_order_false_state_without_batches_out_of_order_moves_to_other_ranks() -> None:
+    """The guide: what is refused is a state whose rank had yielded batches out of order,
+    not every state of an in_order=False loader."""
+    n = 32
+    saving = [_loader(n, 2, r, in_order=False) for r in range(2)]
+    for it in [iter(x) for x in saving]:
+        next(it)
+    state = saving[0].state_dict()
+    assert not state["yielded_beyond"]  # nothing overtook: in lockstep
+    resumed = [_loader(n, 3, r) for r in range(3)]
+    for x in resumed:
+        x.load_state_dict(state)
+    rest = [_flat(list(x)) for x in resumed]
+    assert sorted(i for r in rest for i in r) == sorted(_order(n)[8:])  # each once

@@ -53,3 +53,14 @@ def test_progress_restarts_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     now[0] = 2 * launch.STALL_S - 1
     with pytest.raises(launch.StartStalled):
         watch.check()
+
+
+def test_the_stall_limit_is_a_documented_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(launch.STALL_ENV, "300")
+    assert launch.stall_s() == 300.0
+    for bad in ("soon", "0", "-5", "nan"):
+        monkeypatch.setenv(launch.STALL_ENV, bad)
+        with pytest.raises(ValueError, match="STEADYLOAD_START_STALL_S=.* is not a number of seconds"):
+            launch.stall_s()
+    monkeypatch.delenv(launch.STALL_ENV)
+    assert launch.stall_s() == launch.STALL_S

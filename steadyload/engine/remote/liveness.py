@@ -18,6 +18,7 @@ from ..events import Loss, Lost
 from ..protocol import Failed
 from ..worker.loop import failed_outcome
 from .actor import CONTROL
+from .sources import located
 
 _LOGS = "Ray's logs on that node (/tmp/ray/session_latest/logs/, worker-*-{pid}.err and raylet.out)"
 
@@ -316,4 +317,4 @@ def stack(ray: Any, a: Any, wait_s: float) -> str:
     except Exception as exc:
         return f"{head}: no stack ({type(exc).__name__}: {first_lines(str(exc))})"
     a.fields = fields
-    return f"{head}:\n{text}"
+    return f"{head}:\n{located(text)}"

@@ -63,9 +63,15 @@ SET_UP_WAIT_S = 30.0
 loop goes on (the generators are put back then; a set-up slower than that may still draw)."""
 EXIT_JOIN_S = 30.0
 """At interpreter exit, how long to wait for worker threads still inside dataset code."""
+ABANDONED_EXIT_JOIN_S = 2.0
+"""At exit, how long to wait for a thread abandoned after a hang: steadyload gave up on it
+during training (its tasks were re-run), so the exit does not wait out that hang again; a
+call about to return gets the time a stopping pool gives one (`_JOIN_S`)."""
 _LOG = logging.getLogger(__name__)
 _live_pools: weakref.WeakSet[ThreadPool] = weakref.WeakSet()
 _started: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # every worker thread
+_abandoned: weakref.WeakKeyDictionary[threading.Thread, str] = weakref.WeakKeyDictionary()
+"""Threads abandoned after a hang, and where (which sample) they hung."""
 _exit_hook = threading.Lock()  # held once the hook is registered
 
 
@@ -74,19 +80,39 @@ def _stop_at_exit() -> None:
     the interpreter finalizes: a thread still inside torch's C++ ops then would abort the
     process ("terminate called without an active exception", exit status 134) after a
     training script that ended well. Runs from `threading._shutdown`, before daemon threads
-    are frozen; a thread stuck for `EXIT_JOIN_S` is named, not waited for forever."""
+    are frozen. What it waits for is said at once; a thread abandoned after a hang is waited
+    for `ABANDONED_EXIT_JOIN_S`, any other `EXIT_JOIN_S`, then named, not waited for."""
     for pool in list(_live_pools):
         pool.shutdown()
-    deadline = time.monotonic() + EXIT_JOIN_S
-    for thread in list(_started):
-        thread.join(max(0.0, deadline - time.monotonic()))
+    threads = [thread for thread in list(_started) if thread.is_alive()]
+    for thread in threads:
+        thread.join(0.05)  # one about to leave its last call is not announced
+    for thread in (thread for thread in threads if thread.is_alive()):
+        hung = _abandoned.get(thread)
+        wait_s = EXIT_JOIN_S if hung is None else ABANDONED_EXIT_JOIN_S
+        what = "inside a dataset call" if hung is None else f"abandoned after a hang at {hung}"
+        _LOG.warning(
+            "steadyload: at exit, waiting up to %.0f s for %s (%s) to return: a thread "
+            "cannot be killed, and one ended inside native code could abort the interpreter.",
+            wait_s,
+            thread.name,
+            what,
+        )
+        thread.join(wait_s)
         if thread.is_alive():
+            advice = (
+                ""
+                if hung is not None
+                else " A call that never returns is a hang: pass hang_timeout= to have it "
+                "found during training."
+            )
             _LOG.warning(
-                "steadyload: %s is still inside a dataset call at exit (waited %.0f s); the "
-                "interpreter may abort if that call is in native code. A call that never "
-                "returns is a hang: pass hang_timeout= to have it found during training.",
+                "steadyload: %s (%s) has not returned after %.0f s; exiting without it "
+                "(the interpreter may abort if that call is in native code).%s",
                 thread.name,
-                EXIT_JOIN_S,
+                what,
+                wait_s,
+                advice,
             )
 
 
@@ -356,6 +382,8 @@ class ThreadPool:
             return
         w.abandoned = True
         w.inbox.put(Stop())  # it exits once its current call returns
+        if w.thread is not None:  # said at exit if it is still in that call (`_stop_at_exit`)
+            _abandoned[w.thread] = w.where()
         # Kept as the worker of its id until `respawn`, as a killed process is until it is
         # reaped: its progress still shows the hung task, and tasks sent meanwhile are
         # re-sent to the replacement (they are still held).

@@ -22,7 +22,7 @@ from ...per_worker import enter_thread_worker
 from ..config import WorkerConfig
 from ..events import Cause, Died, Received
 from ..pool import THREAD, Kind
-from ..protocol import Done, Ready, Stop
+from ..protocol import Done, Ready, Stop, Task
 from ..transport.outbox import Outbox
 from ..worker.serve import serve
 from ..worker.status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK, Progress
@@ -41,6 +41,7 @@ class WorkerThread:
         self.fields = np.zeros(8, np.int64)  # status.py's layout, written by the thread only
         self.fields[TASK] = -1
         self.abandoned = False
+        self.task: Any = None  # the last task it received
         self.thread: threading.Thread | None = None
         self.measured = (0, 0, 0.0)  # tasks, samples, wall s (one tuple: read whole)
         self.set_up_done = False  # its first task (which pays for lazy set-up) is done
@@ -55,6 +56,17 @@ class WorkerThread:
     def end(self) -> None:
         """The task's outcome is queued."""
         self.fields[STAGE] = IDLE  # after the outcome is queued: see ThreadPool.on_its_way
+
+    def where(self) -> str:
+        """The sample it is loading now: "sample 7 (task 3)", or its task alone."""
+        f, task = self.fields, self.task
+        position, where = int(f[POSITION]), f"task {int(f[TASK])}"
+        indices = getattr(task, "indices", None)
+        if isinstance(indices, list) and 0 <= position < len(indices):
+            return f"sample {indices[position]} ({where})"
+        if position < 0 and indices is not None and not isinstance(indices, list):
+            return f"sample {indices} ({where})"  # batch_size=None: the index itself
+        return where
 
     def progress(self) -> Progress:
         """What the thread is doing now (status.py's fields)."""
@@ -95,6 +107,8 @@ class ThreadLink:
     def receive(self) -> object:
         """The next message; `Stop` once the thread was abandoned (after a hang)."""
         msg = self._w.inbox.get()
+        if isinstance(msg, Task):
+            self._w.task = msg
         return Stop() if self._w.abandoned else msg
 
     send = put

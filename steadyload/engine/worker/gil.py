@@ -13,8 +13,7 @@ when CPython makes it (after the switch interval, 5 ms). A probe that waits long
   configuration asks): how much of its loading holds the GIL, which is what threads would
   take turns at. It counts only while the worker loads a task after its first (the first
   is its set-up: imports, caches), writes its counts to the worker's status block, which
-  the parent reads, and ends after `MAX_WORKER_PROBES` (sooner where the GIL is clearly
-  busy: `BUSY_STOP`).
+  the parent reads, and ends once its figures suffice for the choice.
 """
 
 from __future__ import annotations
@@ -40,10 +39,13 @@ MIN_PROBES = 50  # the probes the choice needs, far from the line
 MAX_WORKER_PROBES = 200
 """A process worker's probe ends after this many counted probes (what the choice needs at
 most is worker_kind.MAX_PROBES over all workers)."""
-BUSY_STOP = (20, 0.9)
+BUSY_STOP = (10, 0.8)
 """A process worker's probe that found the GIL held in this share of at least this many
-probes ends early: the choice is clear long before (worker_kind.CLEAR_*), and each probe
-makes the worker's thread hand the GIL over."""
+probes ends early: the choice is clear then (worker_kind.CLEAR_PROBES, CLEAR_BUSY_SHARE),
+and each further probe would make the worker's thread hand the GIL over."""
+MAX_WORKER_PROBE_S = 30.0
+"""A process worker's probe ends this long after its start whatever it counted (a worker
+that rarely loads: the choice is made on the figures there are). [Unit: second]"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,16 +121,21 @@ class WorkerGilProbe(GilProbe):
     """A process worker's probe: counts while the worker loads a task after its first, into
     the worker's status fields (`StatusBlock.progress` reads them); it ends once its own
     figures would be enough for the choice: `MIN_PROBES` far from the line (`NEAR_LINE` of
-    `BUSY_SHARE`), `BUSY_STOP`, or `MAX_WORKER_PROBES`. Each probe costs the worker a
-    wake-up (and, where its code holds the GIL, a hand-over of it)."""
+    `BUSY_SHARE`), `BUSY_STOP`, `MAX_WORKER_PROBES`, or `MAX_WORKER_PROBE_S` after its
+    start. Each probe costs the worker a wake-up (and, where its code holds the GIL, a
+    hand-over of it)."""
 
     def __init__(self, fields: Any) -> None:
         super().__init__("steadyload-worker-gil-probe")
         self._fields = fields
         self._first_task: int | None = None
+        self._until = time.monotonic() + MAX_WORKER_PROBE_S
 
     def _counts(self) -> bool:
         fields = self._fields
+        if time.monotonic() > self._until:
+            self._stop.set()
+            return False
         if fields[STAGE] not in (LOADING, COLLATING):
             return False  # idle: the parent is not asking for more
         task = int(fields[TASK])

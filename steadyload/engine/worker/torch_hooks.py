@@ -34,6 +34,8 @@ import numpy as np
 import torch
 from torch.utils.data._utils import worker as _torch_worker
 
+from ..._seeding import worker_rng
+
 
 class _WorkerOfThread(threading.local):
     """Which thread worker the calling thread is, or works for: a thread started by a
@@ -59,12 +61,9 @@ def make_info(worker_id: int, num_workers: int, seed: int, dataset: Any, method:
     (``info.rng``, torch's container for thread workers) and ``worker_method`` ("thread" or
     "multiprocessing"), where this torch has them."""
     fields: dict[str, Any] = {}
-    rng_type = getattr(_torch_worker, "_RNG", None)
-    if rng_type is not None:
-        fields["rng"] = rng_type(
-            random.Random(seed), torch.Generator().manual_seed(seed),
-            np.random.Generator(np.random.PCG64(seed)),
-        )
+    rng = worker_rng(seed)
+    if rng is not None:
+        fields["rng"] = rng
         fields["worker_method"] = method
     try:
         return _torch_worker.WorkerInfo(
