@@ -78,9 +78,9 @@ def serve(
         if began is not None:
             began()
         if process_wide and cfg.probe_gil:
-            WorkerGilProbe(status.fields).start()  # ends by itself (MAX_WORKER_PROBES)
-            # A draw is a change between a task's start and end; sample_seeds reseeds the
-            # generators for every sample, so there it cannot be told (the parent knows).
+            WorkerGilProbe(status.fields).start()  # ends once its figures suffice
+            # A draw moves the generators from their seeded states; sample_seeds reseeds
+            # them for every sample, so there it cannot be told (the parent knows).
             status.check_draws = not cfg.sample_seeds  # type: ignore[attr-defined]
         loop.run(cfg, dataset, worker_id, link, status, seeder)
     except BaseException as exc:

@@ -151,8 +151,8 @@ class WorkerStatus:
         self.fields: Any = np.frombuffer(self._mm, np.int64, _FIELDS)
         self._libraries_checked = 0.0
         self.check_draws = False
-        """Whether each task is checked for draws from the process-wide generators (auto
-        measuring on processes: thread workers would share them)."""
+        """Whether the worker checks after its tasks (now and then) if the dataset drew from
+        the process-wide generators (auto measuring on processes: threads would share them)."""
         self._rngs: tuple[Any, ...] | None = None
         self._draws_checked = 0.0
         os.lseek(fd, _HEADER, os.SEEK_SET)
@@ -173,7 +173,12 @@ class WorkerStatus:
         """The task's outcome was sent."""
         self.fields[STAGE] = IDLE
         now = time.monotonic()
-        if self._rngs is not None and (now - self._draws_checked > 0.05 or not self.fields[DREW]):
+        checked = self.fields[DREW]
+        if (
+            self._rngs is not None
+            and checked != DRAWN
+            and (now - self._draws_checked > 0.05 or checked == UNCHECKED)
+        ):
             # A draw moves the generators for good: checked against the seeded states now
             # and then (each check copies their states), first after the first task.
             self._draws_checked = now
