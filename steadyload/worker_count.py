@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import statistics
 import time
 from collections.abc import Callable
@@ -83,20 +82,16 @@ class SampleProfile:
 
 def save_rngs() -> tuple[Any, ...]:
     """The global RNG states (torch, random, numpy), for `restore_rngs` after a probe."""
-    import numpy as np
-    import torch
+    from .engine.worker.rngs import process_rngs
 
-    return torch.get_rng_state(), random.getstate(), np.random.get_state()
+    return process_rngs()
 
 
 def restore_rngs(state: tuple[Any, ...]) -> None:
     """Put back what `save_rngs` returned."""
-    import numpy as np
-    import torch
+    from .engine.worker import rngs
 
-    torch.set_rng_state(state[0])
-    random.setstate(state[1])
-    np.random.set_state(state[2])
+    rngs.restore_rngs(state)
 
 
 def probe(

@@ -206,6 +206,25 @@ class HandsOver(Slow):
         return super().__getitem__(i)
 
 
+class KillsInAProcess(HandsOver):
+    """Hands over (see `HandsOver`); the first sample from ``at`` on that a process loads
+    kills that process, once (with ``at=0``, while threads still hold tasks)."""
+
+    def __init__(self, n: int, at: int, marker_dir: str) -> None:
+        super().__init__(n, marker_dir, 0.002)
+        self.at_kill = at
+
+    def __getitem__(self, i: int) -> Any:
+        info = get_worker_info()
+        if i >= self.at_kill and info is not None and info.worker_method == "multiprocessing":
+            try:
+                os.close(os.open(os.path.join(self.marker_dir, "k"), os.O_CREAT | os.O_EXCL))
+                os.kill(os.getpid(), signal.SIGKILL)
+            except FileExistsError:
+                pass
+        return super().__getitem__(i)
+
+
 class FaultInAProcess(HandsOver):
     """Hands over (`HandsOver`); a process worker then faults on every sample: ``how`` is
     "hang" (60 s) or "sigkill"."""

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 import steadyload as sl
-from tests.datasets import HandsOver, MapDS
+from tests.datasets import KillsInAProcess, MapDS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,25 +64,11 @@ def test_auto_keeps_the_processes_it_measured_on(force_auto: Any) -> None:
     assert all(w.pid != os.getpid() for w in report.workers)
 
 
-class KillsFirstProcess(HandsOver):
-    """The first sample a process worker loads kills that process, once."""
-
-    def __getitem__(self, i: int) -> Any:
-        info = get_worker_info()
-        if info is not None and info.worker_method == "multiprocessing":
-            try:
-                os.close(os.open(os.path.join(self.marker_dir, "k"), os.O_CREAT | os.O_EXCL))
-                os.kill(os.getpid(), 9)
-            except FileExistsError:
-                pass
-        return super().__getitem__(i)
-
-
 def test_a_process_killed_before_the_hand_over_to_threads_loses_and_repeats_nothing(
     force_auto: Any, tmp_path: Path
 ) -> None:
     force_auto("thread")
-    ds = KillsFirstProcess(80, str(tmp_path), 0.002)
+    ds = KillsInAProcess(80, 0, str(tmp_path))  # the first sample a process loads
     want = [b.tolist() for b in torch.utils.data.DataLoader(ds, batch_size=4)]  # no worker
     loader = sl.DataLoader(ds, batch_size=4, num_workers=2, worker_type="auto")
     assert [b.tolist() for b in loader] == want

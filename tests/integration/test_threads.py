@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import threading
 import time
 import warnings
@@ -17,7 +16,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info  # bound before any thread worker runs
 
 import steadyload as sl
-from tests.datasets import FaultOnce, HandsOver, IterDS, MapDS, StatefulStream
+from tests.datasets import FaultOnce, HandsOver, IterDS, KillsInAProcess, MapDS, StatefulStream
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -357,25 +356,6 @@ def test_big_thread_batches_outlive_their_loader_and_behave_as_torch_worker_batc
     kept[1].resize_(2, 3, 512, 512)  # shrinking works; growing does not, as for torch's
     with pytest.raises(RuntimeError, match="not resizable"):
         kept[1].resize_(8, 3, 512, 512)
-
-
-class KillsInAProcess(HandsOver):
-    """Hands over (see `HandsOver`); the first sample from ``at`` on that a process loads
-    kills that process, once (with ``at=0``, while threads still hold tasks)."""
-
-    def __init__(self, n: int, at: int, marker_dir: str) -> None:
-        super().__init__(n, marker_dir, 0.002)
-        self.at_kill = at
-
-    def __getitem__(self, i: int) -> Any:
-        info = get_worker_info()
-        if i >= self.at_kill and info is not None and info.worker_method == "multiprocessing":
-            try:
-                os.close(os.open(os.path.join(self.marker_dir, "k"), os.O_CREAT | os.O_EXCL))
-                os.kill(os.getpid(), signal.SIGKILL)
-            except FileExistsError:
-                pass
-        return super().__getitem__(i)
 
 
 def test_a_worker_killed_across_the_hand_over_loses_and_repeats_nothing(

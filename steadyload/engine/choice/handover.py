@@ -196,15 +196,16 @@ class HandoverPool(RoutedPool):
         if self._choice is not None:
             return
         measured, figures, on = self._figures()
+        drew = self._on_procs.drew(self._first) if on == "process" else False
         choice: WorkerChoice | None
         if on == "process" and self._config.sample_seeds:
             choice = chose("process", _SEEDED)
-        elif draws_globally or (on == "process" and self._on_procs.drew(self._first)):
+        elif draws_globally or drew:
             choice = chose("process", _DRAWS)
         else:
             choice = live_choice(measured, self._num_workers, figures, on=on)
             if choice is not None and on == "process":
-                if self._on_procs.drew(self._first) is None:
+                if drew is None:
                     choice = None  # threads only once every worker has checked for draws
                 else:
                     choice = self._on_procs.keep_big_batches(choice)
