@@ -334,8 +334,9 @@ def _peers_short(data: dict[str, Any]) -> list[str]:
             ]
         )
     return [
-        "A short first epoch (each run a fresh process, about 60 batches): samples/s from the",
-        "first batch's arrival to the last batch, then over the whole epoch, timed from just",
+        "A short first epoch (each run a fresh process, about 60 batches; tiny 782 of 256 samples:",
+        "60 would last 50 ms): samples/s from the first batch's arrival to the last batch, then",
+        "over the whole epoch, timed from just",
         "before the loader is built to its last batch (what a validation pass costs: start-up,",
         '`worker_type="auto"`\'s measurement and hand-over included). "processes (default)" is',
         'steadyload\'s default `worker_type="process"`; the best peer is the fastest loader',

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 import steadyload as sl
+from steadyload.engine.worker.status import SETTLED
 from tests.datasets import KillsInAProcess, MapDS
 
 pytestmark = pytest.mark.timeout(120)
@@ -62,6 +63,27 @@ def test_auto_keeps_the_processes_it_measured_on(force_auto: Any) -> None:
     choice = report.worker_type_choice or ""
     assert choice == "worker_type='auto' chose process workers: forced by the test (process)"
     assert all(w.pid != os.getpid() for w in report.workers)
+
+
+def test_the_kept_choice_stops_every_process_workers_measuring(force_auto: Any) -> None:
+    """Once auto keeps processes their GIL probes and draw checks stop (`SETTLED` in each
+    status block), also in a worker respawned after the choice."""
+    force_auto("process")
+    loader = sl.DataLoader(WhereLoaded(64), batch_size=4, num_workers=2, worker_type="auto")
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    pool = it._pool._procs  # type: ignore[attr-defined]
+    assert it._pool._kept  # type: ignore[attr-defined]
+    assert all(h.status._fields[SETTLED] == 1 for h in pool._live)
+    it._pool.kill(0)  # type: ignore[attr-defined]
+    rest = [row[0] for row in next(it).tolist()]
+    while not loader.report().restarts:
+        rest += [row[0] for row in next(it).tolist()]
+    assert len(pool._live) == 2  # the respawned worker runs
+    assert all(h.status._fields[SETTLED] == 1 for h in pool._live)
+    rest += [row[0] for batch in it for row in batch.tolist()]
+    assert rest == list(range(16, 64))  # nothing lost or repeated across the death
 
 
 def test_a_process_killed_before_the_hand_over_to_threads_loses_and_repeats_nothing(

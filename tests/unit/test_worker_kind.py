@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import mmap
 import sys
 import threading
 import time
@@ -170,6 +171,35 @@ def _wait_for(check: object, timeout_s: float = 10.0) -> bool:
 
 
 @pytest.mark.timeout(60)
+def test_a_process_workers_probe_ends_at_once_when_the_parent_settles_the_choice() -> None:
+    """The parent's choice (`StatusBlock.settle`, the `SETTLED` field) ends the probe: once
+    chosen, each further probe would only cost the worker GIL hand-overs."""
+    fields = np.zeros(status.SETTLED + 1, np.int64)
+    probe = WorkerGilProbe(fields)
+    fields[status.TASK], fields[status.STAGE] = 0, status.LOADING
+    probe.start()
+    try:
+        time.sleep(0.05)  # the first task: set-up, not counted
+        fields[status.TASK] = 1  # a later task loads: counted
+        assert _wait_for(lambda: fields[status.GIL_PROBES] > 0)
+        fields[status.SETTLED] = 1
+        assert _wait_for(lambda: not probe._thread.is_alive())
+        counted = int(fields[status.GIL_PROBES])
+        time.sleep(0.05)
+        assert fields[status.GIL_PROBES] == counted < gil.MAX_WORKER_PROBES
+    finally:
+        probe.stop()
+    block = status.StatusBlock.create(0)
+    try:
+        assert block._fields[status.SETTLED] == 0
+        block.settle()  # what the worker's mapping of the same memfd reads
+        view = np.frombuffer(mmap.mmap(block.fd, 4096), np.int64, status.SETTLED + 1)
+        assert view[status.SETTLED] == 1
+        del view
+    finally:
+        block.close()
+
+
 def test_a_process_workers_probe_counts_its_loading_past_the_first_task_into_its_status(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -177,7 +207,7 @@ def test_a_process_workers_probe_counts_its_loading_past_the_first_task_into_its
     (the first is the set-up; idle time is not loading), writes its counts where the parent
     reads them (`Progress.gil_probes`/`gil_held`), and ends by itself."""
     monkeypatch.setattr(gil, "MAX_WORKER_PROBES", 40)
-    fields = np.zeros(8, np.int64)
+    fields = np.zeros(status.SETTLED + 1, np.int64)
     probe = WorkerGilProbe(fields)
     fields[status.TASK], fields[status.STAGE] = 0, status.LOADING  # the first task: set-up
     probe.start()

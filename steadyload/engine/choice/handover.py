@@ -166,6 +166,8 @@ class HandoverPool(RoutedPool):
             self._on_procs.respawned(worker_id)
             if self._second is None:
                 self._first.respawn(worker_id)
+                if self._choice is not None:
+                    self._settle()  # a new worker of a chosen kind measures nothing
             return
         self._second.respawn(worker_id)
 
@@ -204,11 +206,8 @@ class HandoverPool(RoutedPool):
             choice = chose("process", _DRAWS)
         else:
             choice = live_choice(measured, self._num_workers, figures, on=on)
-            if choice is not None and on == "process":
-                if drew is None:
-                    choice = None  # threads only once every worker has checked for draws
-                else:
-                    choice = self._on_procs.keep_big_batches(choice)
+            if choice is not None and on == "process":  # none until every worker checked draws
+                choice = None if drew is None else self._on_procs.keep_big_batches(choice)
         if choice is None:
             if (
                 on == "thread"
@@ -221,6 +220,7 @@ class HandoverPool(RoutedPool):
         self._choice = choice
         self._probe.stop()
         if on == "process":
+            self._settle()
             self._keep_or_hand_to_threads(choice)
             return
         # Said now: the next iterator starts on the chosen kind even if this one ends first.
@@ -234,6 +234,11 @@ class HandoverPool(RoutedPool):
             self._start_processes()
         elif self._start_failure is not None and self._helper is None:
             self._stay_failed()
+
+    def _settle(self) -> None:
+        """The choice is made: the process workers stop measuring (probes, draw checks)."""
+        if self._procs is not None and self._first is self._procs:
+            self._procs.settle()
 
     def _keep_or_hand_to_threads(self, choice: WorkerChoice) -> None:
         """Measured on processes: keep them, or start thread workers and hand over."""
@@ -266,9 +271,8 @@ class HandoverPool(RoutedPool):
             if self._choice is not None:
                 self._stay_failed()
             return
-        supervisor = ProcessPool(
-            ctx, replace(self._config, preload=info.preload), self._num_workers
-        )
+        config = replace(self._config, preload=info.preload)
+        supervisor = ProcessPool(ctx, config, self._num_workers)
         self._method, self._preload = info.method, info.preload
         assert self._threads is not None
         threads = self._threads

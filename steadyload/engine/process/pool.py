@@ -71,10 +71,8 @@ class ProcessPool:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ctx, self._method = ctx, ctx.get_start_method()
-        self._config = config
-        self._num_workers = num_workers
-        self._clock = clock
-        self._grace_s = grace_s
+        self._config, self._num_workers = config, num_workers
+        self._clock, self._grace_s = clock, grace_s
         self._handles: list[Handle | None] = [None] * num_workers
         self._live: list[Handle] = []  # shared with the finalizer; never reassigned
         server_fds: dict[ServerRef, int] = {}  # shared likewise
@@ -370,12 +368,14 @@ class ProcessPool:
             return False
         return h.reader.partial or bool(channel.ready([h.reader.sock], 0))
 
-    def dump_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
-        """Ask a (hung) worker for the Python stacks of all its threads, and return them.
+    def settle(self) -> None:
+        """``worker_type="auto"`` chose: the workers stop measuring (`StatusBlock.settle`)."""
+        for h in self._live:
+            h.status.settle()
 
-        faulthandler dumps from a C signal handler, so this works even while the worker is
-        stuck in C code holding the GIL. Waits at most ``wait_s`` for the text. [Unit: second]
-        """
+    def dump_stack(self, worker_id: int, wait_s: float = 1.0) -> str:
+        """A (hung) worker's Python stacks (all threads), waited for at most ``wait_s``;
+        faulthandler dumps from a C signal handler, also while C holds the GIL. [Unit: second]"""
         h = self._handles[worker_id]
         if h is None or h not in self._live:
             return ""

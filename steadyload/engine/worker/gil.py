@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .status import COLLATING, GIL_HELD, GIL_PROBES, LOADING, STAGE, TASK
+from .status import COLLATING, GIL_HELD, GIL_PROBES, LOADING, SETTLED, STAGE, TASK
 
 HELD_WAIT_S = 150e-6
 """A probe's wait for the GIL (past its sleep, net of any wait for a CPU) from which the GIL
@@ -122,8 +122,8 @@ class WorkerGilProbe(GilProbe):
     the worker's status fields (`StatusBlock.progress` reads them); it ends once its own
     figures would be enough for the choice: `MIN_PROBES` far from the line (`NEAR_LINE` of
     `BUSY_SHARE`), `BUSY_STOP`, `MAX_WORKER_PROBES`, or `MAX_WORKER_PROBE_S` after its
-    start. Each probe costs the worker a wake-up (and, where its code holds the GIL, a
-    hand-over of it)."""
+    start; or at once when the parent made the choice (the `SETTLED` field). Each probe
+    costs the worker a wake-up (and, where its code holds the GIL, a hand-over of it)."""
 
     def __init__(self, fields: Any) -> None:
         super().__init__("steadyload-worker-gil-probe")
@@ -133,7 +133,7 @@ class WorkerGilProbe(GilProbe):
 
     def _counts(self) -> bool:
         fields = self._fields
-        if time.monotonic() > self._until:
+        if fields[SETTLED] or time.monotonic() > self._until:  # chosen, or out of time
             self._stop.set()
             return False
         if fields[STAGE] not in (LOADING, COLLATING):

@@ -4,7 +4,8 @@ One anonymous shared file (memfd) per worker process, created by the parent and 
 the worker over its socket. Bytes [0, 64) are eight int64 fields the worker updates as it
 works (which task, which sample of the batch, since when; for ``worker_type="auto"``,
 the GIL probe's counts, gil.py, and whether the dataset drew from the process-wide random
-generators) and the parent reads at any time, also after the worker died. From
+generators) and the parent reads at any time, also after the worker died; a ninth, at
+byte 64, the parent writes once auto's choice is made (`SETTLED`: measuring stops). From
 byte 4096 on, the worker's faulthandler writes Python stacks: on a fatal signal (SIGSEGV,
 SIGABRT, ...) and on SIGUSR1, which the parent sends to a worker that hangs. Nothing
 touches the filesystem; the parent's descriptor keeps the text readable after the worker
@@ -27,8 +28,8 @@ import numpy as np
 from .rngs import drawn, process_rngs
 
 _HEADER = 4096
-_FIELDS = 8
-TASK, POSITION, STAGE, STARTED_NS, FLAGS, GIL_PROBES, GIL_HELD, DREW = range(8)
+_FIELDS = 9
+TASK, POSITION, STAGE, STARTED_NS, FLAGS, GIL_PROBES, GIL_HELD, DREW, SETTLED = range(9)
 UNCHECKED, UNDRAWN, DRAWN = 0, 1, 2  # DREW's values
 
 IDLE, LOADING, COLLATING, SENDING, INIT, ITER = 0, 1, 2, 3, 4, 5
@@ -110,6 +111,10 @@ class StatusBlock:
             int(f[DREW]),
         )
 
+    def settle(self) -> None:
+        """``worker_type="auto"`` chose: the worker's GIL probe and draw checks stop."""
+        self._fields[SETTLED] = 1
+
     def stacks(self) -> str:
         """Everything faulthandler wrote: crash or on-demand stack dumps."""
         chunks = []
@@ -174,7 +179,9 @@ class WorkerStatus:
         self.fields[STAGE] = IDLE
         now = time.monotonic()
         checked = self.fields[DREW]
-        if (
+        if self.fields[SETTLED]:
+            self.check_draws, self._rngs = False, None  # the choice is made: no more checks
+        elif (
             self._rngs is not None
             and checked != DRAWN
             and (now - self._draws_checked > 0.05 or checked == UNCHECKED)
