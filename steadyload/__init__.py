@@ -19,6 +19,7 @@ from .per_worker import per_worker as per_worker  # noqa: E402
 
 if TYPE_CHECKING:
     from ._seeding import sample_rng as sample_rng
+    from .device.structure import on_host as on_host
     from .engine.remote.spec import RemoteWorkers as RemoteWorkers
     from .errors import MainGuardError as MainGuardError
     from .errors import NotPicklableError as NotPicklableError
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from .loader import DataLoader as DataLoader
     from .memory.shared_list import SharedDict as SharedDict
     from .memory.shared_list import SharedList as SharedList
+    from .report import DeviceReport as DeviceReport
     from .report import LoaderReport as LoaderReport
     from .report import WorkerReport as WorkerReport
     from .report import report_every as report_every
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "DataLoader": ".loader",
+    "DeviceReport": ".report",
     "LoaderReport": ".report",
     "MainGuardError": ".errors",
     "NotPicklableError": ".errors",
@@ -56,6 +59,7 @@ _EXPORTS = {
     "WorkerReport": ".report",
     "WorkerStartError": ".errors",
     "ledger_samples": ".resume.ledger.show",
+    "on_host": ".device.structure",
     "per_worker": ".per_worker",
     "prestart": ".start.context",
     "replay": ".resume.ledger.replay",

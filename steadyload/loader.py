@@ -24,7 +24,7 @@ from .iterators.in_process import InProcessIterator
 from .iterators.record import History, RunRecord, not_started
 from .iterators.workers import WorkerIterator
 from .options import OPTION_NAMES, checked_options, options_of
-from .rebuild_watch import caller_frame, note_read
+from .rebuild_watch import watched_timeout
 from .report import LoaderReport
 from .resume.checkpoint import Checkpoints, Mark
 from .worker_count import AutoChoice, resolve_num_workers
@@ -100,9 +100,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         worker_type: "process" (default), "thread" or "auto". Threads share this process:
             no start-up, no transport, one copy of the dataset, nothing forked; they run in
             parallel only where the work releases the GIL (decoding, numpy, tokenizers in
-            Rust, big tensor copies) or on free-threaded Python. "auto" starts on threads,
-            measures how busy they keep the GIL, and hands over to processes if it is
-            (`report()` gives the figures). See docs/guide/threads.md.
+            Rust, big tensor copies) or on free-threaded Python. "auto" starts on processes
+            where one is a fork away (else on threads), measures how much of the loading
+            holds the GIL, and keeps or hands over to the faster kind (`report()` gives
+            the figures). See docs/guide/threads.md.
         remote_workers: workers on other machines, as Ray actors (``pip install
             "steadyload[ray]"``): an int, a ``(min, max)`` range grown while the training
             loop waits for data, or `steadyload.RemoteWorkers` for placement. They serve
@@ -113,6 +114,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             ledger verify``, ``show`` and `steadyload.replay`. See docs/guide/ledger.md.
         ledger_key: for an IterableDataset, a function of a batch giving its samples' keys
             for the ledger (webdataset's ``__key__`` is read without it).
+        device: "cuda", "cuda:N", a torch.device or "cpu": batches are yielded on it,
+            copied from pinned memory on a stream of their own, ``device_prefetch`` ahead
+            (default None: where the workers made them; "cuda" is ``LOCAL_RANK``'s GPU).
+            A batch on its way is not consumed (``state_dict``); ``pin_memory=True`` alone
+            pins off the training thread. See docs/guide/feeding-the-gpu.md.
+        device_prefetch: batches on their way to the device beyond the one yielded (2).
+        device_transform: a function of each batch on the device, run on the copy stream
+            before it is yielded (GPU transforms, HF fast processors); ``on_error`` applies.
+        pinned_memory_limit: the pinned buffers' cap (e.g. "2GiB"; default 1 GiB, <= RAM/4).
 
     ``snapshot_every_n_steps`` (torchdata's keyword) is accepted and changes nothing: the
     `state_dict` is exact after every batch (each batch carries its worker's position).
@@ -155,10 +165,19 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         remote_workers: int | tuple[int, int] | RemoteWorkers | None = None,
         ledger: str | os.PathLike[str] | None = None,
         ledger_key: Callable[[Any], Any] | None = None,
+        device: str | torch.device | None = None,
+        device_prefetch: int = 2,
+        device_transform: Callable[[Any], Any] | None = None,
+        pinned_memory_limit: str | int | None = None,
     ) -> None:
         # "auto" becomes a count before torch validates it (tuning.py; seconds at most).
         num_workers, auto = resolve_num_workers(
-            num_workers, dataset, batch_size, batch_sampler, collate_fn, prefetch_factor,
+            num_workers,
+            dataset,
+            batch_size,
+            batch_sampler,
+            collate_fn,
+            prefetch_factor,
             persistent_workers,
         )
         self._auto: AutoChoice | None = auto
@@ -175,6 +194,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.remote_workers = remote_workers
         self.ledger = ledger
         self.ledger_key = ledger_key
+        self.device, self.device_prefetch = device, device_prefetch
+        self.device_transform, self.pinned_memory_limit = device_transform, pinned_memory_limit
         self._options = checked_options(self)
         remote_only = num_workers == 0 and self._options.remote is not None
         # Keywords only: Lightning records the arguments of the outermost __init__ it has
@@ -223,19 +244,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # Remote workers likewise, when this process is connected to Ray (warm.py).
         self._prestarted = None if inheriting else prestart_remote(self)
 
-    @property  # torch's plain attribute, watched (rebuild_watch.py)
-    def timeout(self) -> float:
-        """torch's ``timeout``: seconds to wait for a batch (0: no limit).
-
-        Reading it is also how steadyload notices a framework rebuilding this loader as
-        torch's DataLoader (`rebuild_watch.py`): that warns once, with the fix.
-        """
-        note_read(self, caller_frame())
-        return self.__dict__["timeout"]  # as given, like torch: its message prints it
-
-    @timeout.setter
-    def timeout(self, value: float) -> None:
-        self.__dict__["timeout"] = value  # in vars(): rebuilds from attributes keep it
+    timeout = watched_timeout()  # torch's plain attribute, watched (rebuild_watch.py)
 
     @classmethod
     def from_loader(
@@ -388,7 +397,4 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return self._history.report(all_epochs) or not_started(info, self._auto)
 
 
-# Public names report the package they are imported from (see steadyload/__init__.py).
-for _public in (DataLoader,):
-    _public.__module__ = "steadyload"
-del _public
+DataLoader.__module__ = "steadyload"  # public names report the package (see __init__.py)

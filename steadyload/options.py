@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from .device.target import resolve_device
 from .engine.remote.spec import RemoteWorkers, remote_spec
 from .host.system import parse_bytes
 from .start.context import START_METHODS
@@ -28,6 +29,10 @@ OPTION_NAMES = (
     "remote_workers",
     "ledger",
     "ledger_key",
+    "device",
+    "device_prefetch",
+    "device_transform",
+    "pinned_memory_limit",
 )
 LEDGER_ENV = "STEADYLOAD_LEDGER"  # the frameworks' training loaders' ledger folder
 
@@ -89,6 +94,14 @@ class LoaderOptions:
     """The folder the ledger records every step into (resume/ledger/), or None."""
     ledger_key: Any = None
     """For a stream: a function of a batch giving its samples' keys, for the ledger."""
+    device: Any = None
+    """The `torch.device` batches are fed to (device/), or None."""
+    device_prefetch: int = 2
+    """Batches on their way to the device beyond the one yielded."""
+    device_transform: Any = None
+    """A function of a batch on the device, run by the device stage before it is yielded."""
+    pinned_memory_limit_bytes: int | None = None
+    """The device stage's pinned pool cap (None: device/target.py's default). [Unit: byte]"""
 
     def __post_init__(self) -> None:
         if self.start_method not in START_METHODS:
@@ -118,6 +131,24 @@ class LoaderOptions:
             raise ValueError(
                 f"worker_type must be 'process', 'thread' or 'auto', got {self.worker_type!r}"
             )
+        if (
+            not isinstance(self.device_prefetch, int)
+            or isinstance(self.device_prefetch, bool)
+            or self.device_prefetch < 0
+        ):
+            raise ValueError(
+                f"device_prefetch must be an int >= 0 (batches ahead), got {self.device_prefetch!r}"
+            )
+        if self.device_transform is not None and not callable(self.device_transform):
+            raise TypeError(
+                f"device_transform must be a function of a batch, got {self.device_transform!r}"
+            )
+        if self.device_transform is not None and self.device is None:
+            raise ValueError(
+                "device_transform runs on the device the batches are fed to, and device= is "
+                "None.\nFix: pass device='cuda' (or 'cuda:N'; device='cpu' runs it in this "
+                "process on the host), or apply the function in your loop."
+            )
         if self.worker_type == "thread" and self.max_worker_memory_bytes is not None:
             raise ValueError(
                 "max_worker_memory needs process workers, got worker_type='thread': threads "
@@ -140,4 +171,8 @@ def checked_options(loader: Any) -> LoaderOptions:
         remote=remote_spec(loader.remote_workers),
         ledger=os.fspath(ledger) if ledger is not None else None,
         ledger_key=loader.ledger_key,
+        device=resolve_device(loader.device),
+        device_prefetch=loader.device_prefetch,
+        device_transform=loader.device_transform,
+        pinned_memory_limit_bytes=parse_bytes(loader.pinned_memory_limit, "pinned_memory_limit"),
     )

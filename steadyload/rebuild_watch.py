@@ -74,8 +74,10 @@ def _path_and_fix(frame: FrameType) -> tuple[str, str] | None:
     if module.startswith("accelerate."):
         if _on_stack(frame, "transformers.trainer"):
             what = "resuming mid-epoch" if function == "skip_first_batches" else "preparing"
-            return (f"the transformers Trainer ({what} through accelerate's {function})",
-                    _TRAINER_FIX)
+            return (
+                f"the transformers Trainer ({what} through accelerate's {function})",
+                _TRAINER_FIX,
+            )
         if function == "skip_first_batches":
             fix = "use `steadyload.integrations.accelerate.skip_first_batches(loader, n)`"
             return "accelerate's skip_first_batches", fix
@@ -138,3 +140,22 @@ def caller_frame() -> FrameType | None:
         return sys._getframe(2)
     except ValueError:  # pragma: no cover - shallow stack
         return None
+
+
+def watched_timeout() -> property:
+    """The loader's ``timeout`` property: torch's plain attribute, whose reading is how a
+    framework rebuilding the loader as torch's is noticed (`note_read`)."""
+
+    def get(loader: Any) -> float:
+        """torch's ``timeout``: seconds to wait for a batch (0: no limit).
+
+        Reading it is also how steadyload notices a framework rebuilding this loader as
+        torch's DataLoader (`rebuild_watch.py`): that warns once, with the fix.
+        """
+        note_read(loader, caller_frame())
+        return loader.__dict__["timeout"]  # as given, like torch: its message prints it
+
+    def set_(loader: Any, value: float) -> None:
+        loader.__dict__["timeout"] = value  # in vars(): rebuilds from attributes keep it
+
+    return property(get, set_)

@@ -115,6 +115,62 @@ class StreamCut:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceReport:
+    """The device stage (``device=``, or ``pin_memory=True``): its batches, its time, and
+    its pinned buffer pool. Times are totals over the iterator's batches."""
+
+    device: str
+    prefetch: int
+    """``device_prefetch``: batches kept on their way beyond the one yielded."""
+    batches: int = 0
+    wait_s: float = 0.0
+    """The training loop's time waiting for the stage (not ahead enough). [Unit: second]"""
+    pack_s: float = 0.0
+    """The stage thread's time packing batches into pinned memory. [Unit: second]"""
+    transform_s: float = 0.0
+    """``device_transform``'s time on the device (the stage's stream). [Unit: second]"""
+    copy_s: float = 0.0
+    """The copies' time on the device, from pinned buffers. [Unit: second]"""
+    copied_bytes: int = 0
+    """What they copied (``copied_bytes / copy_s``: the host-to-device rate). [Unit: byte]"""
+    skipped_batches: int = 0
+    """Batches whose ``device_transform`` raised, yielded empty (``on_error="skip"``)."""
+    pinned_bytes: int = 0
+    """Pinned host memory the pool holds. [Unit: byte]"""
+    pinned_peak_bytes: int = 0
+    pinned_cap_bytes: int = 0
+    pinned_buffers: int = 0
+    pinned_allocations: int = 0
+    """Buffers pinned; every other batch reused one."""
+    pinned_reuses: int = 0
+    unpinned_batches: int = 0
+    """Batches bigger than the cap, copied from unpinned memory (raise the cap)."""
+    pool_waits: int = 0
+    """Times a batch waited for an earlier copy to free pinned memory (the cap was reached)."""
+
+    def __str__(self) -> str:
+        pool = (
+            f"; pinned pool {_mib(self.pinned_bytes)} of {_mib(self.pinned_cap_bytes)} cap "
+            f"(peak {_mib(self.pinned_peak_bytes)}, {self.pinned_buffers} buffers, "
+            f"{self.pinned_allocations} pinned, {self.pinned_reuses} reused"
+            + (f", {self.unpinned_batches} too big: unpinned" if self.unpinned_batches else "")
+            + (f", waited {self.pool_waits}x at the cap" if self.pool_waits else "")
+            + ")"
+            if self.pinned_allocations or self.unpinned_batches
+            else ""
+        )
+        skipped = f", {self.skipped_batches} skipped" if self.skipped_batches else ""
+        rate = self.copied_bytes / self.copy_s / 1e9 if self.copy_s > 0 else 0.0
+        copies = f", copies {self.copy_s:.2f} s ({rate:.1f} GB/s)" if self.copy_s > 0 else ""
+        return (
+            f"device stage ({self.device}, {self.prefetch} ahead): {self.batches} batches"
+            f"{skipped}; the loop waited {self.wait_s:.2f} s for it; packing "
+            f"{self.pack_s:.2f} s (its thread), device_transform {self.transform_s:.2f} s"
+            f"{copies}{pool}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class LoaderReport:
     """What `DataLoader.report()` returns: how the workers started and ran.
 
@@ -138,6 +194,7 @@ class LoaderReport:
             share of the epoch (a generator that raised cannot go on).
         rows_lost: rows those cut streams did not deliver, when ``len(dataset)`` tells
             (None: no stream was cut, or the total is unknown).
+        device: with ``device=`` (or ``pin_memory=True``), the device stage (`DeviceReport`).
         scaling: with ``remote_workers=(min, max)``, each change of the remote pool's size
             (`at_s`, `workers`, `change`, `stall_share`, `batches_per_s`, `reason`, `epoch`).
         num_workers_choice: with ``num_workers="auto"``, what was chosen and why.
@@ -169,6 +226,7 @@ class LoaderReport:
     streams_cut: tuple[StreamCut, ...] = ()
     rows_lost: int | None = None
     scaling: tuple[Any, ...] = ()
+    device: DeviceReport | None = None
 
     def __str__(self) -> str:
         how = f", start method {self.start_method}" if self.start_method else ""
@@ -187,6 +245,8 @@ class LoaderReport:
         for choice in (self.num_workers_choice, self.worker_type_choice):
             if choice:
                 lines.append(f"  {choice}")
+        if self.device is not None:
+            lines.append(f"  {self.device}")
         if self.worker_kind == "thread":
             lines.append(
                 "  thread workers: a sample that crashes native code ends this process; "
@@ -289,6 +349,6 @@ def report_every(
 
 
 # Public names report the package they are imported from (see steadyload/__init__.py).
-for _public in (LoaderReport, WorkerReport, report_every):
+for _public in (DeviceReport, LoaderReport, WorkerReport, report_every):
     _public.__module__ = "steadyload"
 del _public

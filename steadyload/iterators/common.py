@@ -191,6 +191,7 @@ class TimedNext:
     _dataset: Any
     _num_workers: int
     _drop_last: bool
+    _feed: Any = None  # the device stage (device/feed.py; iterators/feeding.py), if any
 
     def __next__(self) -> Any:
         if profiler_enabled():
@@ -226,8 +227,9 @@ class TimedNext:
 
     def _next_data(self) -> Any:
         called = time.perf_counter()
+        feed = self._feed
         try:
-            data = self._next_data_timed()
+            data = feed.next() if feed is not None else self._next_data_timed()
         except StopIteration:
             self.record.waited(called, time.perf_counter(), delivered=False)
             if self.record.streams_cut and not self.record.finished:

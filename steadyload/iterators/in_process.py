@@ -8,23 +8,25 @@ exception notes and checkpointing behave as with workers.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 from typing import Any
 
 from torch.utils.data import DataLoader
-from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .._seeding import KeepCallerRngs, SampleSeeder
+from ..device.feed import Taken
 from ..engine.worker.fetch import ITERABLE, AllSkipped, Fetcher
 from ..options import LoaderOptions
 from ..resume.checkpoint import Checkpoints
 from ..resume.progress import position_blobs
-from .common import UNSET, EmptyBatches, SkipGuard, TimedNext, add_note, record_cut
+from .common import UNSET, EmptyBatches, SkipGuard, add_note, flat_indices, record_cut
+from .feeding import Feeding, later
 from .record import History, RunRecord
 
 
-class InProcessIterator(TimedNext, _BaseDataLoaderIter):
+class InProcessIterator(Feeding, _BaseDataLoaderIter):
     """num_workers=0: load in this process, with torch's semantics and steadyload's notes."""
 
     def __init__(
@@ -63,8 +65,31 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
         self._guard = SkipGuard()
         self._empty = EmptyBatches(self._collate_fn)
         self._ahead: collections.deque[tuple[int, Any, Any]] = collections.deque()
+        self._start_feed(options)
 
     def _next_data_timed(self) -> Any:
+        ordinal, index, span, data = self._next_batch()
+        self._hand(ordinal)
+        self._handed(ordinal, index, span, data)
+        return data
+
+    def _take(self, block: bool) -> Taken | None:
+        """For the device stage: the next batch, loaded now (never ahead: loading is this
+        thread's own work, so nothing is ready before it is asked for)."""
+        if not block:
+            return None
+        ordinal, index, span, data = self._next_batch()
+        return Taken(
+            data,
+            later(self._hand, ordinal),
+            None if span is not None else flat_indices(index),
+            ordinal,
+            after=later(self._handed, ordinal, index, span, data if span is not None else None),
+        )
+
+    def _next_batch(self) -> tuple[int, Any, Any, Any]:
+        """The next batch, not yet counted as yielded: its ordinal, indices (None for a
+        stream), its place in a stream (None for a map-style dataset) and the batch."""
         ordinal, index, data = self._ahead.popleft() if self._ahead else self._load_next()
         span = None
         if self._dataset_kind == ITERABLE:  # (its indices are torch's Nones)
@@ -77,15 +102,20 @@ class InProcessIterator(TimedNext, _BaseDataLoaderIter):
                     raise self._guard.nothing_loaded() from None
                 self._ahead.append(ahead)
             data = self._empty.make()
+        return ordinal, index, span, data
+
+    def _hand(self, ordinal: int) -> Any:
+        """The batch is yielded: it counts as consumed. Returns the undo."""
         self._progress.yielded.mark(ordinal)
+        return functools.partial(self._progress.yielded.unmark, ordinal)
+
+    def _handed(self, ordinal: int, index: Any, span: Any, data: Any) -> None:
+        """Once yielded for good: the ledger's line."""
         if self._ledger is not None:
             batch = data if span is not None else None  # a stream's, for its keys
             step = self._progress.step_base + ordinal
             pid = os.getpid()
             self._ledger.step(step, index, -1, pid, "in-process", None, batch, None, span)
-        if self._pin_memory:
-            data = _pin_memory(data, self._pin_memory_device)
-        return data
 
     def _load_next(self) -> tuple[int, Any, Any]:
         """The next batch with its ordinal and indices; ``UNSET`` for a batch whose samples

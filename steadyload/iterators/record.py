@@ -35,6 +35,7 @@ class RunRecord:
         self.auto_kind: str | None = None  # and what it chose: "thread" or "process"
         self.workers: dict[int, WorkerReport] = {}
         self.memory: Any = None  # callable -> {worker: (uss, pss, peak, epochs)}, if sampled
+        self.device: Any = None  # callable -> DeviceReport, with a device stage
         self.ready_at: dict[int, float] = {}  # worker -> perf_counter() at its Ready
         self.rss: dict[int, int] = {}  # remote worker -> resident memory it reported
         self.periodic: tuple[float, Callable[[LoaderReport], None]] | None = None
@@ -173,6 +174,7 @@ class RunRecord:
             streams_cut=tuple(self.streams_cut),
             rows_lost=self.rows_lost,
             scaling=tuple(self.scaling),
+            device=self.device() if self.device is not None else None,
         )
 
 

@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch.utils.data import DataLoader
-from torch.utils.data._utils.pin_memory import pin_memory as _pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from .. import diagnosis
@@ -36,8 +35,9 @@ from ..options import LoaderOptions
 from ..resume.checkpoint import Checkpoints
 from ..resume.progress import EpochProgress, carried, position_blobs
 from ..start import guards
-from .common import DatasetError, EmptyBatches, SkipGuard, TimedNext, flat_indices, refuse_datapipes
+from .common import DatasetError, EmptyBatches, SkipGuard, flat_indices, refuse_datapipes
 from .delivery import commit, record_step, take_back
+from .feeding import WorkerFeeding
 from .hangs import Watchdog
 from .outcomes import Outcomes
 from .record import History, RunRecord
@@ -48,7 +48,7 @@ from .tasks import EMPTY, TaskEntry, TaskTable
 _LOG = logging.getLogger(__name__)
 
 
-class WorkerIterator(TimedNext, _BaseDataLoaderIter):
+class WorkerIterator(WorkerFeeding, _BaseDataLoaderIter):
     """num_workers>0: batches from steadyload's supervised workers (any kind)."""
 
     def __init__(
@@ -138,6 +138,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         self._attached = False  # to engine/interrupts.py, while workers run
         self._start_workers()
         self._reset(loader, first_iter=True)
+        self._start_feed(options)  # after the workers: a fork comes before any CUDA use here
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _start_workers(self) -> None:
@@ -188,6 +189,8 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
     def _reset_epoch(self, loader: Any, first_iter: bool) -> None:
         super()._reset(loader, first_iter)
         self._stash = self._handing = None  # a batch held back by Ctrl-C was last epoch's
+        if self._feed is not None:
+            self._feed.reset()  # and so are the batches on their way to the device
         previous = None if first_iter else self._progress  # persistent workers: last epoch's
         self._progress: EpochProgress = self._checkpoints.begin_epoch(loader, self)
         if first_iter:
@@ -266,8 +269,11 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             # batch is being taken out gives the batch back for the next call: none is lost.
             with held_interrupts(before_delivery=self._hold_back):
                 stash, self._stash = self._stash, None
-                data, task = stash if stash is not None else self._next_data_inner()
-                self._handing = (data, task, self._commit(task))
+                got = stash if stash is not None else self._next_data_inner()
+                assert got is not None  # (it waits)
+                data, task = got
+                before = commit(self._progress, task, self._dataset_kind == ITERABLE)
+                self._handing = (data, task, before)
             self._handing = None
             if self._ledger is not None:  # (a stream's batch: for its samples' keys)
                 stream = data if self._dataset_kind == ITERABLE else None
@@ -275,7 +281,10 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             if self._scaling is not None and self._pool is not None:  # a grown pool: fill it
                 for _ in range(self._scaling.after_batch(self._pool) * self._prefetch_factor):
                     self._try_put_index()
-        except (StopIteration, KeyboardInterrupt):
+        except StopIteration:
+            self._finish_epoch(dict(self._ended))
+            raise
+        except KeyboardInterrupt:
             raise  # after Ctrl-C the workers go on, as torch's do
         except DatasetError as wrapped:
             failure = wrapped.exc
@@ -294,7 +303,9 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         finally:
             del failure
 
-    def _next_data_inner(self) -> tuple[Any, TaskEntry]:
+    def _next_data_inner(self, block: bool = True) -> tuple[Any, TaskEntry] | None:
+        """The next batch to yield and its task; None if ``block`` is False and it has not
+        arrived. StopIteration at the end (`_finish_epoch` then marks it)."""
         table = self._table
         while True:
             head = table.next_to_yield()
@@ -303,10 +314,6 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
                     _LOG.warning(warning)
                 if not self._persistent_workers:
                     self._shutdown_workers()
-                self._progress.ended = dict(self._ended)
-                self._progress.finished = True
-                if self._ledger is not None:
-                    self._ledger.end_epoch(self._progress.step_base + self._progress.yielded.count)
                 raise StopIteration
             task_id, task = head
             if task.has_outcome and self._can_deliver(task):
@@ -324,7 +331,9 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             if table.outstanding == 0 and not self._try_put_index(force=True):
                 # Only batches whose every sample was skipped, and nothing left to load.
                 raise self._guard.nothing_loaded()
-            self._collect(task_id)
+            came = self._collect(task_id, block)
+            if not (block or came):
+                return None  # not here yet: the device stage looks ahead without waiting
 
     def _can_deliver(self, task: TaskEntry) -> bool:
         # A batch whose samples were all skipped is yielded empty, shaped like one that
@@ -332,14 +341,12 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
         return task.outcome is not EMPTY or self._empty.ready
 
     def _deliver(self, task: TaskEntry) -> Any:
+        self._try_put_index()
         if task.outcome is EMPTY:
-            self._try_put_index()
             return self._empty.make()
-        return self._deliver_data(task)
-
-    def _commit(self, task: TaskEntry) -> tuple[Any, int | None]:
-        """The batch of ``task`` is handed to the caller (`delivery.commit`)."""
-        return commit(self._progress, task, self._dataset_kind == ITERABLE)
+        if task.failed:
+            raise DatasetError(task.outcome)
+        return task.outcome
 
     def _hold_back(self) -> None:
         """Ctrl-C while a batch was being handed over: keep it for the next call."""
@@ -347,17 +354,26 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             return
         data, task, before = self._handing
         self._handing = None
-        take_back(self._progress, task, before)
+        if before is not None:  # (None: taken for the device stage, not yet handed over)
+            take_back(self._progress, task, before)
         self._stash = (data, task)
 
-    def _collect(self, awaited: int) -> None:
-        """Wait for pool events (or a hang) and record them in the task table.
-
-        torch's ``timeout`` counts from when the loop began waiting for the batch it yields
-        next (``awaited``), across the events of other batches that arrive meanwhile."""
-        pool, watchdog = self._pool, self._watchdog
+    def _collect(self, awaited: int, block: bool = True) -> bool:
+        """Record pool events in the task table: waited for (`_wait`), or with ``block``
+        False only those there now. Returns whether any came."""
+        pool = self._pool
         assert pool is not None
-        deadline = None
+        events = self._wait(pool, awaited) if block else pool.wait(0)
+        for worker_id, event in events:
+            if self._outcomes.on_event(pool, worker_id, event):
+                self._try_put_index()
+        return bool(events)
+
+    def _wait(self, pool: WorkerPool, awaited: int) -> list[tuple[int, object]]:
+        """Wait for pool events, or a hang (handled). torch's ``timeout`` counts from when
+        the loop began waiting for the batch it yields next (``awaited``), across the
+        events of other batches that arrive meanwhile."""
+        watchdog, deadline = self._watchdog, None
         if self._timeout > 0:
             if self._awaiting is None or self._awaiting[0] != awaited:
                 self._awaiting = (awaited, time.monotonic() + self._timeout)
@@ -368,7 +384,7 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
             remaining = None if wake is None else max(0.0, wake - time.monotonic())
             events = pool.wait(remaining)  # Ctrl-C goes through in its wait
             if events:
-                break
+                return events
             watchdog.check_hangs(pool)
             watchdog.check_lost_results(pool)
             if deadline is not None and time.monotonic() >= deadline:
@@ -380,15 +396,3 @@ class WorkerIterator(TimedNext, _BaseDataLoaderIter):
                     pid=pool.pid(worker_id) if worker_id is not None else None,
                     sample_indices=flat_indices(task.indices) if task else [],
                 )
-        for worker_id, event in events:
-            if self._outcomes.on_event(pool, worker_id, event):
-                self._try_put_index()
-
-    def _deliver_data(self, task: TaskEntry) -> Any:
-        self._try_put_index()
-        if task.failed:
-            raise DatasetError(task.outcome)
-        data = task.outcome
-        if self._pin_memory:
-            data = _pin_memory(data, self._pin_memory_device)
-        return data

@@ -18,7 +18,7 @@ import pytest
 import steadyload as sl
 from steadyload.engine.process import handles
 from steadyload.engine.process.pool import ProcessPool
-from steadyload.iterators.workers import WorkerIterator
+from steadyload.iterators import delivery, feeding, workers
 from tests.adversarial import Hog
 from tests.conftest import processes_gone, wait_until
 from tests.datasets import FailAt, FaultOnce, Slow
@@ -33,20 +33,23 @@ def ctrl_c_raises() -> Iterator[None]:
     signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.parametrize("stage", ["no stage", "device stage"])
 def test_ctrl_c_while_a_batch_is_taken_out_keeps_that_batch_for_the_next_call(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, stage: str
 ) -> None:
-    commit = WorkerIterator._commit
+    # With the device stage the batch is handed over when the stage yields it (feeding.py).
+    module = feeding if stage == "device stage" else workers
+    device = {"device": "cpu"} if stage == "device stage" else {}
     interrupted = []
 
-    def commit_after_ctrl_c(self: WorkerIterator, task: Any) -> Any:
+    def commit_after_ctrl_c(progress: Any, task: Any, stream: bool) -> Any:
         if not interrupted:  # a real SIGINT, in the last window before the batch is returned
             interrupted.append(True)
             os.kill(os.getpid(), signal.SIGINT)
-        return commit(self, task)
+        return delivery.commit(progress, task, stream)
 
-    monkeypatch.setattr(WorkerIterator, "_commit", commit_after_ctrl_c)
-    loader = sl.DataLoader(Slow(10, 0.01), batch_size=2, num_workers=2)
+    monkeypatch.setattr(module, "commit", commit_after_ctrl_c)
+    loader = sl.DataLoader(Slow(10, 0.01), batch_size=2, num_workers=2, **device)
     got = []
     it = iter(loader)
     with pytest.raises(KeyboardInterrupt):
@@ -59,16 +62,15 @@ def test_ctrl_c_while_a_batch_is_taken_out_keeps_that_batch_for_the_next_call(
 def test_a_batch_held_back_by_ctrl_c_is_not_yielded_in_the_next_epoch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    commit = WorkerIterator._commit
     calls = []
 
-    def ctrl_c_at_the_last_batch(self: WorkerIterator, task: Any) -> Any:
+    def ctrl_c_at_the_last_batch(progress: Any, task: Any, stream: bool) -> Any:
         calls.append(task.ordinal)
         if len(calls) == 2:  # the epoch's last batch, at the last moment
             os.kill(os.getpid(), signal.SIGINT)
-        return commit(self, task)
+        return delivery.commit(progress, task, stream)
 
-    monkeypatch.setattr(WorkerIterator, "_commit", ctrl_c_at_the_last_batch)
+    monkeypatch.setattr(workers, "commit", ctrl_c_at_the_last_batch)
     loader = sl.DataLoader(Slow(4, 0.0), batch_size=2, num_workers=2, persistent_workers=True)
     it = iter(loader)
     assert next(it).tolist() == [0, 1]

@@ -26,6 +26,7 @@ LAYERS = [
     "steadyload.worker_count",
     "steadyload.iterators",
     "steadyload.options",
+    "steadyload.device",
     "steadyload.resume",
     "steadyload.engine",
     "steadyload.start",

@@ -13,6 +13,7 @@ import steadyload
 
 DOCUMENTED = [
     "DataLoader",
+    "DeviceReport",
     "LoaderReport",
     "MainGuardError",
     "NotPicklableError",
@@ -28,6 +29,7 @@ DOCUMENTED = [
     "WorkerReport",
     "WorkerStartError",
     "ledger_samples",
+    "on_host",
     "per_worker",
     "prestart",
     "replay",
@@ -57,7 +59,8 @@ def test_signature_is_torchs_positionally_then_keyword_only_extras() -> None:
     extras = list(ours)[len(theirs):]
     assert extras == [
         "snapshot_every_n_steps", "start_method", "max_restarts", "on_error", "hang_timeout", "max_worker_memory",
-        "sample_seeds", "worker_type", "remote_workers", "ledger", "ledger_key",
+        "sample_seeds", "worker_type", "remote_workers", "ledger", "ledger_key", "device",
+        "device_prefetch", "device_transform", "pinned_memory_limit",
     ]
     assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in extras)
 
