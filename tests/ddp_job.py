@@ -9,7 +9,9 @@ weights to OUT/weights.pt. Faults: ``--kill-worker`` SIGKILLs a loader worker of
 mid-epoch; ``--kill-rank`` kills rank 1 itself mid-epoch (the job fails; run it again with
 ``--resume`` and both ranks resume from their checkpoints, as a re-submitted job would);
 ``--corrupt`` makes a whole batch
-of rank 1's shard fail to load (on_error="skip" yields it empty: the ranks stay in step).
+of rank 1's shard fail to load (on_error="skip" yields it empty: the ranks stay in step);
+``--device`` feeds the batches through the device stage (``device="cpu"`` here, each
+rank's ``LOCAL_RANK`` GPU with ``device="cuda"``), three batches ahead.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ def main() -> None:
     p.add_argument("--kill-rank", action="store_true")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--corrupt", action="store_true")
+    p.add_argument("--device", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -83,9 +86,10 @@ def main() -> None:
     if args.corrupt and rank == 1:
         sampler.set_epoch(0)
         corrupt = frozenset(list(sampler)[BATCH : 2 * BATCH])  # rank 1's whole second batch
+    device = {"device": "cpu", "device_prefetch": 3} if args.device else {}
     loader = steadyload.DataLoader(
         Regression(corrupt), batch_size=BATCH, sampler=sampler, num_workers=2,
-        on_error="skip", sample_seeds=True,
+        on_error="skip", sample_seeds=True, **device,
     )  # fmt: skip
     first_epoch, step = 0, 0
     resume = ckpt / f"rank{rank}.pt"

@@ -8,78 +8,37 @@ when the feed yields it, so ``state_dict()`` never counts a batch that is still 
 beyond the one it yields: it takes a batch ahead only when the iterator has one ready
 (never waiting for one while a batch is there to yield).
 
-On the feed's thread, each batch is packed into one pinned buffer of the pool (the copy
-that ``pin_memory`` makes), copied to the device on the feed's stream, and passed through
-``device_transform`` on that stream. The training loop's stream waits on the event after it
-(no host wait), and every tensor it gets is marked used on that stream (``record_stream``),
-so the caching allocator does not reuse it early; the pinned buffer goes back to the pool
-with the event after its copy. With ``pin_memory=True`` alone the thread pins the batch as
-torch's ``pin_memory`` does, and with ``device="cpu"`` it only runs the transform.
+On the feed's thread (`mover.Mover`), each batch is packed into one pinned buffer of the
+pool (the copy that ``pin_memory`` makes), copied to the device on the feed's stream, and
+passed through ``device_transform`` on that stream. The training loop's stream waits on the
+event after it (no host wait), and every tensor it gets is marked used on that stream
+(``record_stream``), so the caching allocator does not reuse it early; the pinned buffer
+goes back to the pool with the event after its copy. With ``pin_memory=True`` alone the
+thread pins the batch as torch's ``pin_memory`` does, and with ``device="cpu"`` it only
+runs the transform.
 """
 
 from __future__ import annotations
 
 import collections
 import sys
-import threading
 import time
 import traceback
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
-
-from torch.utils.data._utils.pin_memory import pin_memory
 
 from ..engine.interrupts import held_interrupts
 from ..errors import WorkerHangError
 from ..report import DeviceReport, SkippedSample
-from .backends import Backend, Event
-from .pinned import PinnedPool, nbytes, pack, packed_size
+from .backends import Backend
+from .mover import Job, Mover, Stats, Taken
+from .pinned import PinnedPool
 from .structure import map_tensors, tensors
 
+__all__ = ["Feed", "Taken"]
+
 STAGE_POLL_S = 0.1  # how often a wait for the feed's thread checks that it still runs
-
-
-@dataclass(slots=True)
-class Taken:
-    """A batch the iterator took for the feed, not yet handed over."""
-
-    data: Any = None
-    hand: Callable[[], Callable[[], None] | None] | None = None
-    """Marks it handed over (progress, ledger); returns the undo (a Ctrl-C at the last
-    moment keeps the batch for the next call)."""
-    samples: list[Any] | None = None
-    """Its dataset indices (None for a stream's batch)."""
-    ordinal: int = -1
-    """Its place in the epoch (the sampler's count, from 0)."""
-    error: BaseException | None = None
-    """Raised at its turn instead of a batch (a dataset error in a worker)."""
-    end: bool = False
-    """The end of the epoch: `hand` finishes it, then StopIteration."""
-    after: Callable[[], None] | None = None
-    """Runs once the batch is handed over for good (the ledger's line)."""
-
-
-@dataclass(slots=True)
-class _Stats:
-    batches: int = 0
-    wait_s: float = 0.0  # the training loop's waits for the stage
-    pack_s: float = 0.0  # the stage thread's packing (or pinning)
-    transform_s: float = 0.0
-    copy_s: float = 0.0  # the copies' device time (from pinned buffers)
-    copied_bytes: int = 0
-    skipped_batches: int = 0
-
-
-@dataclass(slots=True)
-class _Job:
-    taken: Taken
-    done: threading.Event = field(default_factory=threading.Event)
-    began: float = 0.0
-    out: Any = None
-    error: BaseException | None = None
-    ready: Event | None = None
 
 
 class Feed:
@@ -111,10 +70,10 @@ class Feed:
         self._keep_thread = keep_thread
         self._hang_timeout = hang_timeout
         self._pool = PinnedPool(backend, cap_bytes)
-        self._stats = _Stats()
-        self._ahead: collections.deque[_Job] = collections.deque()
-        self._handing: tuple[_Job, Callable[[], None] | None] | None = None
-        self._mover = _Mover(backend, self._pool, transform, pin_only, self._stats, depth)
+        self._stats = Stats()
+        self._ahead: collections.deque[Job] = collections.deque()
+        self._handing: tuple[Job, Callable[[], None] | None] | None = None
+        self._mover = Mover(backend, self._pool, transform, pin_only, self._stats, depth)
         weakref.finalize(self, self._mover.stop)
 
     # -- the training loop's side ----------------------------------------------------------
@@ -138,7 +97,7 @@ class Feed:
         self._mover.settle_timings()
         return out
 
-    def _handed(self, job: _Job) -> Any:
+    def _handed(self, job: Job) -> Any:
         taken = job.taken
         if taken.end:
             if taken.hand is not None:
@@ -193,14 +152,14 @@ class Feed:
 
     def _submit(self, taken: Taken | None) -> None:
         assert taken is not None
-        job = _Job(taken)
+        job = Job(taken)
         self._ahead.append(job)
         if taken.end or taken.error is not None:
             job.done.set()
             return
         self._mover.submit(job)
 
-    def _await(self, job: _Job) -> None:
+    def _await(self, job: Job) -> None:
         """Until the feed's thread has done ``job``: bounded by ``hang_timeout``, and by
         the thread running at all."""
         while not job.done.wait(STAGE_POLL_S):
@@ -222,18 +181,21 @@ class Feed:
                     sample_indices=job.taken.samples or (),
                 )
 
-    def _failed(self, job: _Job) -> Any:
-        exc = job.error
+    def _failed(self, job: Job) -> Any:
+        exc, job.error = job.error, None  # (no cycle through the job: see mover.py)
         assert exc is not None
         where = (
-            f"steadyload: raised in device_transform on batch {job.taken.ordinal} "
+            f"steadyload: raised in {job.phase} on batch {job.taken.ordinal} "
             f"(samples {_samples(job.taken)}), in the training process on "
             f"{self._backend.device}"
         )
         skip = self._skip_ref() if self._skip_ref is not None else None
-        if skip is None:
+        if skip is None or job.phase != "device_transform":  # (skip is for the data's errors)
             exc.add_note(where)
-            raise exc
+            try:
+                raise exc
+            finally:
+                del exc  # this frame is in its traceback
         text = str(exc).splitlines()[0] if str(exc) else ""
         skipped = [
             SkippedSample(i, type(exc).__name__, f"{text} (in device_transform)")
@@ -258,138 +220,6 @@ class Feed:
         """Stop the thread (bounded) and release the pool once its copies are done."""
         self._ahead.clear()
         self._mover.stop()
-
-
-class _Mover:
-    """The feed's thread and what it uses, and its figures. It holds nothing of the
-    iterator or the feed, so that an iterator the loop drops is collected at once, its feed
-    with it, which stops the thread (`weakref.finalize`); the run's record keeps `report`."""
-
-    def __init__(
-        self,
-        backend: Backend,
-        pool: PinnedPool,
-        transform: Callable[[Any], Any] | None,
-        pin_only: bool,
-        stats: _Stats,
-        depth: int,
-    ) -> None:
-        self.backend, self.pool, self.transform = backend, pool, transform
-        self.pin_only, self.stats, self.depth = pin_only, stats, depth
-        self.jobs: collections.deque[_Job | None] = collections.deque()
-        self.wake = threading.Condition()
-        # (figure, start, end): device times to add once their events are done
-        self.timings: collections.deque[tuple[str, Event, Event]] = collections.deque()
-        self.thread = threading.Thread(target=self._run, name="steadyload-feed", daemon=True)
-        self.thread.start()
-
-    def submit(self, job: _Job) -> None:
-        """Queue ``job`` for the thread."""
-        with self.wake:
-            self.jobs.append(job)
-            self.wake.notify()
-
-    def stop(self) -> None:
-        """Drop the queued jobs, end the thread (waits up to 5 s for the batch it is on),
-        then release the pool (waiting for the copies still running)."""
-        with self.wake:
-            self.jobs.clear()
-            self.jobs.append(None)
-            self.wake.notify()
-        if self.thread is not threading.current_thread():
-            self.thread.join(timeout=5.0)
-        if not self.thread.is_alive():
-            self.pool.close()
-
-    def settle_timings(self) -> None:
-        """Add the transform's device time of the batches whose events are done."""
-        timings = self.timings
-        stats = self.stats
-        while timings and timings[0][2].query():
-            figure, start, end = timings.popleft()
-            setattr(stats, figure, getattr(stats, figure) + self.backend.elapsed_s(start, end))
-
-    def report(self) -> DeviceReport:
-        """The stage's figures so far (with its pinned pool's)."""
-        self.settle_timings()
-        pool = self.pool.snapshot()
-        s = self.stats
-        return DeviceReport(
-            device=str(self.backend.device) + (" (pinned host memory)" if self.pin_only else ""),
-            prefetch=self.depth,
-            batches=s.batches,
-            wait_s=s.wait_s,
-            pack_s=s.pack_s,
-            transform_s=s.transform_s,
-            copy_s=s.copy_s,
-            copied_bytes=s.copied_bytes,
-            skipped_batches=s.skipped_batches,
-            pinned_bytes=pool.held_bytes,
-            pinned_peak_bytes=pool.peak_bytes,
-            pinned_cap_bytes=pool.cap_bytes,
-            pinned_buffers=pool.buffers,
-            pinned_allocations=pool.allocations,
-            pinned_reuses=pool.reuses,
-            unpinned_batches=pool.unpinned,
-            pool_waits=pool.waits,
-        )
-
-    def _run(self) -> None:
-        failure: BaseException | None = None
-        try:
-            self.backend.bind()
-        except BaseException as exc:  # every job fails with why
-            failure = exc
-        while True:
-            with self.wake:
-                while not self.jobs:
-                    self.wake.wait()
-                job = self.jobs.popleft()
-            if job is None:
-                return
-            job.began = time.perf_counter()
-            try:
-                if failure is not None:
-                    raise failure
-                job.out = self._move(job)
-            except BaseException as exc:
-                job.error = exc
-            finally:
-                job.done.set()
-
-    def _move(self, job: _Job) -> Any:
-        batch, backend, stats = job.taken.data, self.backend, self.stats
-        job.taken.data = None  # the host batch goes once moved (its shared memory too)
-        began = time.perf_counter()
-        if not backend.copies:  # pin_memory=True alone, or device="cpu"
-            out = pin_memory(batch) if self.pin_only else map_tensors(batch, lambda t: t)
-            stats.pack_s += time.perf_counter() - began
-            return self._transformed(out, job)
-        host = tensors(batch)
-        buffer = self.pool.take(packed_size([nbytes(t) for t in host]))
-        with backend.side_stream():
-            if buffer is None:  # bigger than the cap: from unpinned memory (waits for it)
-                out = map_tensors(batch, lambda t: t.to(backend.device))
-            else:
-                views = iter(pack(host, buffer))
-                start = backend.record()
-                out = map_tensors(batch, lambda t: backend.to_device(next(views)))
-                copied = backend.record()
-                self.pool.give_back(buffer, copied)  # reused once this event is done
-                self.timings.append(("copy_s", start, copied))
-                stats.copied_bytes += sum(nbytes(t) for t in host)
-        stats.pack_s += time.perf_counter() - began
-        return self._transformed(out, job)
-
-    def _transformed(self, out: Any, job: _Job) -> Any:
-        backend = self.backend
-        with backend.side_stream():
-            if self.transform is not None:
-                start = backend.record()
-                out = self.transform(out)
-                self.timings.append(("transform_s", start, backend.record()))
-            job.ready = backend.record()
-        return out
 
 
 def _samples(taken: Taken) -> str:

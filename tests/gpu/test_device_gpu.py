@@ -2,8 +2,8 @@
 the training step, buffers never reused early, and the seed's hazard, fork after CUDA.
 
 Skipped, not failed, where torch sees no GPU (this project's CI machine): run them with
-``python3 dev.py gpu`` on a machine with one; what they measured is in
-docs/guide/feeding-the-gpu.md.
+``benchmarks/gpu_check.sh`` on a machine with one (and a GPU build of torch); what they
+measured is in docs/guide/feeding-the-gpu.md.
 """
 
 from __future__ import annotations

@@ -90,6 +90,19 @@ def test_a_rank_killed_and_restarted_from_its_checkpoint_ends_the_same(
     assert resumed[0]["step"] == done[-1] + 1  # not a sample repeated or skipped
 
 
+def test_the_device_stage_on_each_rank_resumes_a_killed_rank_exactly(
+    clean_run: Path, tmp_path: Path
+) -> None:
+    """With batches on their way to the device when each checkpoint is taken (three
+    ahead), a rank killed and resumed from its loader state still trains on every sample
+    once: the same weights as the clean run without the stage."""
+    _torchrun(tmp_path, "--device", "--kill-rank", ok=False)
+    _torchrun(tmp_path, "--device", "--resume")
+    _assert_same_weights(tmp_path, clean_run)
+    for epoch, indices in _samples_per_epoch(tmp_path).items():  # both attempts' steps
+        assert sorted(indices) == list(range(ddp_job.N)), f"epoch {epoch}"
+
+
 def test_a_fully_skipped_batch_keeps_ranks_in_step(tmp_path: Path) -> None:
     # Rank 1's second batch fails entirely: it is yielded empty, so both ranks take the same
     # number of steps and the gradient all-reduce never waits for a rank that moved on.

@@ -280,7 +280,7 @@ def test_pin_memory_alone_pins_on_the_stages_thread(monkeypatch: pytest.MonkeyPa
     """``pin_memory=True`` (torch's meaning: pinned host tensors) pins off the training
     thread. This machine has no accelerator to pin for, so the accelerator check and the
     pinning are stand-ins that record the thread."""
-    from steadyload.device import feed
+    from steadyload.device import mover
 
     threads: set[str] = set()
 
@@ -290,7 +290,7 @@ def test_pin_memory_alone_pins_on_the_stages_thread(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: None)
-    monkeypatch.setattr(feed, "pin_memory", pin)
+    monkeypatch.setattr(mover, "pin_memory", pin)
     loader = sl.DataLoader(MapDS(16), batch_size=4, num_workers=2, pin_memory=True)
     assert [b.tolist() for b in loader] == [b.tolist() for b in _plain(16)]
     assert threads == {"steadyload-feed"}
@@ -348,3 +348,21 @@ def test_the_ledger_records_what_the_device_stage_yielded(tmp_path: Any) -> None
     del resumed
     verdict = verify(tmp_path)
     assert verdict.ok, verdict.text()
+
+
+def test_a_failed_copy_is_raised_with_where_whatever_on_error_says(
+    lazy_gpu: LazyDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``on_error="skip"`` is for the data's errors (the dataset's, device_transform's);
+    a copy that fails (the device out of memory) is raised, naming the batch."""
+
+    def out_of_memory(host: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(lazy_gpu, "to_device", out_of_memory)
+    loader = sl.DataLoader(MapDS(8), batch_size=4, device="cuda", on_error="skip")
+    with pytest.raises(RuntimeError, match="out of memory") as raised:
+        next(iter(loader))
+    notes = "\n".join(getattr(raised.value, "__notes__", []))
+    assert "raised in the copy to cpu on batch 0 (samples [0, 1, 2, 3])" in notes, notes
+    assert not loader.report().skipped

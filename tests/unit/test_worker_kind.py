@@ -247,6 +247,19 @@ def test_the_rule_reads_a_probe_inside_process_workers_the_same_way() -> None:
         "worker_type='auto' chose process workers: while 2 process workers loaded 600 batches")
 
 
+def test_on_processes_a_clearly_free_gil_hands_over_after_one_measured_batch_each() -> None:
+    """Every batch more on processes is one on the slower kind for GIL-free work: a share
+    far below the line (`CLEAR_FREE_SHARE`) decides once each worker loaded one measured
+    batch, without the full figures; near the line, or on threads, the full figures."""
+    one_each = (2, 8, 0.1)  # one batch per worker past its set-up, 0.1 s in all
+    early = live_choice(one_each, 2, _probe(worker_kind.MIN_PROBES, 0.08), on="process")
+    assert early is not None and early.kind == "thread"
+    assert live_choice(one_each, 2, _probe(worker_kind.MIN_PROBES - 1, 0.08), on="process") is None
+    assert live_choice(one_each, 2, _probe(100, 0.2), on="process") is None  # not clear
+    assert live_choice((1, 4, 0.05), 2, _probe(100, 0.05), on="process") is None  # not each
+    assert live_choice(one_each, 2, _probe(100, 0.05), on="thread") is None  # threads: full
+
+
 class _Done:
     def __init__(self, samples: int, load_s: float) -> None:
         self.samples, self.load_s = samples, load_s

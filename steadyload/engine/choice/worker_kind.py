@@ -97,6 +97,10 @@ CLEAR_PROBES = 10  # enough probes when the share is past CLEAR_BUSY_SHARE
 CLEAR_BUSY_SHARE = 0.8
 """A held share this far above the line decides for processes without waiting for the
 full figures (pure Python 86-94%, GIL-free work at most 18%, as measured)."""
+CLEAR_FREE_SHARE = 0.15
+"""Inside process workers, a held share this far below the line decides for threads once
+each worker loaded one measured batch (`MIN_PROBES` probes), without the full figures:
+every batch more on processes is one at the slower kind (GIL-free work measured 2-10%)."""
 EARLY_WALL_S = 0.05  # loading time summed over the threads before a clear choice
 LEAN_PROBES = 5  # probes that may already lean to processes (their workers start then)
 MIN_TASKS_PER_WORKER = 3  # batches measured per thread before deciding
@@ -286,6 +290,7 @@ def live_choice(
         )
     share = probe.held_share
     clear = probe.probes >= CLEAR_PROBES and share >= CLEAR_BUSY_SHARE
+    clear |= kept and probe.probes >= MIN_PROBES and share <= CLEAR_FREE_SHARE
     near = abs(share - BUSY_SHARE) < NEAR_LINE
     if not clear and (
         not full or probe.probes < MIN_PROBES or (near and probe.probes < MAX_PROBES)
