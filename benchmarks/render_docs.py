@@ -334,10 +334,10 @@ def _peers_short(data: dict[str, Any]) -> list[str]:
             ]
         )
     return [
-        "A short first epoch (each run a fresh process, about 60 batches; tiny 782 of 256 samples:",
-        "60 would last 50 ms): samples/s from the first batch's arrival to the last batch, then",
-        "over the whole epoch, timed from just",
-        "before the loader is built to its last batch (what a validation pass costs: start-up,",
+        "A short first epoch (each run a fresh process, about 60 batches; tiny: 782 batches of",
+        "256, as 60 would last 50 ms): samples/s from the first batch's arrival to the last",
+        "batch, then over the whole epoch, timed from just before the loader is built to its",
+        "last batch (what a validation pass costs: start-up,",
         '`worker_type="auto"`\'s measurement and hand-over included). "processes (default)" is',
         'steadyload\'s default `worker_type="process"`; the best peer is the fastest loader',
         "other than steadyload's with the same batches (from the first batch). The last column",
@@ -1096,7 +1096,9 @@ def device(data: dict[str, Any]) -> Section:
         "steadyload with `device=`; `tnt-prefetch`: torchtnt's `CudaDataPrefetcher`. The",
         "bound is max(compute, copy), each measured alone in the same run; CPU per batch is",
         "the training thread's and the loader's helper thread's (torch's pin thread,",
-        f"steadyload's stage thread). Shape measured: {shape}.",
+        "steadyload's stage thread).",
+        "",
+        f"Shape measured: {shape}.",
         "",
         *_provenance(data),
         *_table(

@@ -45,7 +45,7 @@ def test_batches_arrive_on_the_gpu_whole_while_the_loop_is_busy() -> None:
     """Each batch is read by the loop's stream only after a long kernel, so a buffer (or
     device memory) reused before the loop's stream got to it would show as a wrong sum: the
     pinned buffers wait for their copy's event, the outputs are marked used on the loop's
-    stream (record_stream). The cap (3 MiB fewer than a batch needs) makes the pool reuse."""
+    stream (record_stream). The cap (three batches) makes the pool reuse its buffers."""
     loader = sl.DataLoader(
         Frames(), batch_size=8, num_workers=2, device="cuda", pinned_memory_limit="24MiB"
     )

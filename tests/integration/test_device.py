@@ -27,6 +27,7 @@ KINDS = {
     "in-process": {"num_workers": 0},
     "process": {"num_workers": 2},
     "thread": {"num_workers": 2, "worker_type": "thread"},
+    "auto": {"num_workers": 2, "worker_type": "auto"},
 }
 
 

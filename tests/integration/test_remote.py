@@ -191,6 +191,19 @@ def test_a_stream_is_sharded_over_local_and_remote_workers_as_torch_does(cluster
     assert [b.tolist() for b in got] == [b.tolist() for b in expected]
 
 
+def test_remote_workers_feed_the_device_stage(cluster: Ray) -> None:
+    """``device=`` over remote workers: the stage takes what the actors' results brought
+    (without waiting on Ray while a batch is there to yield), in torch's order."""
+    ds = Augmented(48)
+    expected = list(sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(),
+                                  num_workers=2, sample_seeds=True))  # fmt: skip
+    loader = sl.DataLoader(ds, batch_size=4, shuffle=True, generator=_gen(), remote_workers=2,
+                           sample_seeds=True, device="cpu", device_prefetch=3)  # fmt: skip
+    assert _same(list(loader), expected)
+    stage = loader.report().device
+    assert stage is not None and stage.batches == 12
+
+
 def test_a_sigkilled_actor_is_replaced_and_its_batches_rerun_once(cluster: Ray, caplog: Any,
                                                                  tmp_path: Path) -> None:  # fmt: skip
     ds = Augmented(48)
