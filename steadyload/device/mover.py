@@ -25,8 +25,8 @@ class Taken:
 
     data: Any = None
     hand: Callable[[], Callable[[], None] | None] | None = None
-    """Marks it handed over (progress, ledger); returns the undo (a Ctrl-C at the last
-    moment keeps the batch for the next call)."""
+    """Marks it handed over (consumed, in the epoch's progress); returns the undo (a
+    Ctrl-C at the last moment keeps the batch for the next call)."""
     samples: list[Any] | None = None
     """Its dataset indices (None for a stream's batch)."""
     ordinal: int = -1
@@ -41,6 +41,8 @@ class Taken:
 
 @dataclass(slots=True)
 class Stats:
+    """The stage's running figures (`Mover.report` turns them into a `DeviceReport`)."""
+
     batches: int = 0
     wait_s: float = 0.0  # the training loop's waits for the stage
     pack_s: float = 0.0  # the stage thread's packing (or pinning)
@@ -52,6 +54,8 @@ class Stats:
 
 @dataclass(slots=True)
 class Job:
+    """One batch on its way: what the thread made of it, and when it was done."""
+
     taken: Taken
     done: threading.Event = field(default_factory=threading.Event)
     began: float = 0.0
@@ -103,7 +107,7 @@ class Mover:
             self.pool.close()
 
     def settle_timings(self) -> None:
-        """Add the transform's device time of the batches whose events are done."""
+        """Add the device time of the copies and transforms whose events are done."""
         timings = self.timings
         stats = self.stats
         while timings and timings[0][2].query():

@@ -2,8 +2,8 @@
 
 Tensors in dicts (and other mappings, HF ``BatchEncoding`` too), lists, tuples, namedtuples
 and dataclasses are visited; strings, numbers and other leaves are left alone, and so is a
-value wrapped in `on_host` (it is yielded unwrapped, on the host, neither pinned nor
-copied).
+value wrapped in `on_host` (with ``device=`` it is yielded unwrapped, on the host, neither
+pinned nor copied).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ class OnHost:
 def on_host(value: Any) -> Any:
     """Mark ``value`` (a tensor, or any part of a batch) to stay on the host.
 
-    Wrap it in the dataset or ``collate_fn``; with ``device=`` (or ``pin_memory=True``)
-    the loader yields it unwrapped, neither copied to the device nor pinned, where the rest
-    of the batch moves. Without either, nothing moves and the batch is yielded as collated,
-    wrapper included.
+    Wrap it in the dataset or ``collate_fn``; with ``device=`` the loader yields it
+    unwrapped, neither copied to the device nor pinned, where the rest of the batch moves.
+    Without ``device=`` nothing moves and the batch is yielded as collated, wrapper
+    included (``pin_memory=True`` alone pins as torch's does, which leaves it alone).
     """
     return OnHost(value)
 

@@ -2,8 +2,9 @@
 handed over, and handed over when the stage yields them.
 
 Without a stage (no ``device=``, no pinning) an iterator takes and hands over in one step,
-as it always has; with one, `Feeding._next_data` goes through the stage, which calls back
-`_take` (ahead, when a batch is ready) and each batch's `Taken.hand` when it yields it.
+as it always has; with one, ``next()`` goes through the stage (`common.TimedNext`), which
+calls back `_take` (ahead, when a batch is ready) and each batch's `Taken.hand` when it
+yields it.
 """
 
 from __future__ import annotations
@@ -61,9 +62,6 @@ class Feeding(TimedNext):
         if self._feed is not None:
             self.record.device = self._feed.mover_report  # (not the feed: see feed.py)
 
-    def _next_data_fed(self) -> Any:
-        return self._feed.next() if self._feed is not None else self._next_data_timed()
-
     def _take(self, block: bool) -> Taken | None:
         """The next batch, taken but not handed over; None: ``block`` is False and none is
         ready. Raises what the batch raises (a dataset error, a fatal one)."""
@@ -74,13 +72,7 @@ class Feeding(TimedNext):
         are left out (recorded as skipped) and it is yielded empty, as a batch whose every
         sample failed in a worker is."""
         self._guard.record(self.record, samples)
-        if not self._empty.ready:  # (a batch loaded before it: its structure is known)
-            raise RuntimeError("no batch loaded yet to shape an empty batch like")
-        return self._empty.make()
-
-    def _stop_feed(self) -> None:
-        if self._feed is not None:
-            self._feed.close()
+        return self._empty.make()  # (ready: the batch itself loaded, its structure is known)
 
 
 class WorkerFeeding(Feeding):
@@ -96,22 +88,28 @@ class WorkerFeeding(Feeding):
     _scaling: Any
     _dataset_kind: int
     _prefetch_factor: int
+    _ended: dict[int, bytes | None]
+    # The iterator's own steps (iterators/workers.py):
+    _shutdown_workers: Callable[[], None]
+    _hold_back: Callable[[], None]
+    _next_data_inner: Callable[[bool], Any]
+    _try_put_index: Callable[..., bool]
 
     def _take(self, block: bool) -> Taken | None:
         if self._pool is not None and not self._pool.running:
-            self._shutdown_workers()  # type: ignore[attr-defined]
+            self._shutdown_workers()
         if self._error is not None:
             raise self._error
         failure: BaseException | None = None
         try:
-            with held_interrupts(before_delivery=self._hold_back):  # type: ignore[attr-defined]
+            with held_interrupts(before_delivery=self._hold_back):
                 stash, self._stash = self._stash, None
-                got = stash if stash is not None else self._next_data_inner(block)  # type: ignore[attr-defined]
+                got = stash if stash is not None else self._next_data_inner(block)
                 if got is not None:
                     self._handing = (*got, None)  # taken back by a Ctrl-C: nothing to undo
             self._handing = None
         except StopIteration:
-            ended = dict(self._ended)  # type: ignore[attr-defined]
+            ended = dict(self._ended)
             return Taken(end=True, hand=later(self._finish_epoch, ended))
         except KeyboardInterrupt:
             raise
@@ -119,7 +117,7 @@ class WorkerFeeding(Feeding):
             failure = wrapped.exc
         except BaseException as exc:
             self._error = exc  # worker death, hang, time-out: stop the workers now
-            self._shutdown_workers()  # type: ignore[attr-defined]
+            self._shutdown_workers()
             raise
         if failure is not None:
             try:  # raised outside the handler (see workers.py: no cycle through __context__)
@@ -159,4 +157,4 @@ class WorkerFeeding(Feeding):
             record_step(self._ledger, self._progress, task, self._pool, self.record, stream)
         if self._scaling is not None and self._pool is not None:
             for _ in range(self._scaling.after_batch(self._pool) * self._prefetch_factor):
-                self._try_put_index()  # type: ignore[attr-defined]
+                self._try_put_index()
