@@ -472,7 +472,9 @@ def _table(
                 f"  {kind:16s} {rate:9.1f}/s {ratio}  first {first * 1e3:7.1f} ms  "
                 f"PSS {pss / 2**20:6.0f} MiB  {'same' if same else 'DIFFERENT'}"
             )
-        peers = {k: v for k, v in rows.items() if not k.startswith("sl-") and v["rate"]}
+        peers = {  # like for like: the peers whose batches are torch's
+            k: v for k, v in rows.items() if not k.startswith("sl-") and v["rate"] and v["same"]
+        }
         auto = rows.get("sl-auto", {})
         fixed = _better(rows, "rate")
         if fixed and auto.get("rate"):
