@@ -13,6 +13,7 @@ counts.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -92,8 +93,8 @@ class PinnedPool:
         self._busy.append((buffer, after))
 
     def _collect_done(self) -> None:
-        # Oldest first, and only done ones: a later copy may finish first, but keeping the
-        # order keeps reuse oldest-first (and a done event is cheap to pass over next time).
+        # Oldest first: the copies run in order on one stream, so the first event not done
+        # ends the scan (and reuse stays oldest-first).
         while self._busy and self._busy[0][1].query():
             self._free.append(self._busy.popleft()[0])
 
@@ -115,17 +116,7 @@ class PinnedPool:
     def snapshot(self) -> PoolFigures:
         """A copy of the figures (safe from another thread)."""
         with self._lock:
-            f = self.figures
-            return PoolFigures(
-                f.cap_bytes,
-                f.buffers,
-                f.held_bytes,
-                f.peak_bytes,
-                f.allocations,
-                f.reuses,
-                f.unpinned,
-                f.waits,
-            )
+            return dataclasses.replace(self.figures)
 
     def close(self) -> None:
         """Wait for the copies still running, then let every buffer go."""
