@@ -69,11 +69,11 @@ class Feed:
         self._depth = depth
         self._keep_thread = keep_thread
         self._hang_timeout = hang_timeout
-        self._pool = PinnedPool(backend, cap_bytes)
         self._stats = Stats()
         self._ahead: collections.deque[Job] = collections.deque()
         self._handing: tuple[Job, Callable[[], None] | None] | None = None
-        self._mover = Mover(backend, self._pool, transform, pin_only, self._stats, depth)
+        pool = PinnedPool(backend, cap_bytes)
+        self._mover = Mover(backend, pool, transform, pin_only, self._stats, depth)
         weakref.finalize(self, self._mover.stop)
 
     # -- the training loop's side ----------------------------------------------------------

@@ -175,7 +175,8 @@ class Mover:
             return self._transformed(out, job)
         job.phase = f"the copy to {backend.device}"
         host = tensors(batch)
-        buffer = self.pool.take(packed_size([nbytes(t) for t in host]))
+        sizes = [nbytes(t) for t in host]
+        buffer = self.pool.take(packed_size(sizes))
         with backend.side_stream():
             if buffer is None:  # bigger than the cap: from unpinned memory (waits for it)
                 out = map_tensors(batch, lambda t: t.to(backend.device))
@@ -186,7 +187,7 @@ class Mover:
                 copied = backend.record()
                 self.pool.give_back(buffer, copied)  # reused once this event is done
                 self.timings.append(("copy_s", start, copied))
-                stats.copied_bytes += sum(nbytes(t) for t in host)
+                stats.copied_bytes += sum(sizes)
         stats.pack_s += time.perf_counter() - began
         return self._transformed(out, job)
 

@@ -30,7 +30,11 @@ them. [Unit: byte]"""
 
 def packed_size(sizes: list[int]) -> int:
     """The bytes tensors of ``sizes`` take packed in one buffer. [Unit: byte]"""
-    return sum(-(-n // ALIGN) * ALIGN for n in sizes)
+    return sum(_round_up(n, ALIGN) for n in sizes)
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
 
 
 @dataclass(slots=True)
@@ -65,7 +69,7 @@ class PinnedPool:
         """A buffer of at least ``nbytes``; None when ``nbytes`` exceeds the cap (copy from
         unpinned memory then). May wait for the oldest busy buffer's copy."""
         figures = self.figures
-        size = -(-max(nbytes, 1) // GRAIN) * GRAIN
+        size = _round_up(max(nbytes, 1), GRAIN)
         if size > figures.cap_bytes:
             figures.unpinned += 1
             return None
@@ -132,12 +136,12 @@ def pack(batch_tensors: list[torch.Tensor], buffer: torch.Tensor) -> list[torch.
     """Copy each tensor into ``buffer`` (side by side, `ALIGN`ed); returns their views."""
     views, offset = [], 0
     for t in batch_tensors:
-        n = t.numel() * t.element_size()
+        n = nbytes(t)
         flat = buffer[offset : offset + n]
         view = flat.view(t.dtype).view(t.shape) if n else torch.empty(t.shape, dtype=t.dtype)
         view.copy_(t)
         views.append(view)
-        offset += -(-n // ALIGN) * ALIGN
+        offset += _round_up(n, ALIGN)
     return views
 
 
