@@ -37,6 +37,8 @@ class PoolPlan:
     """How the processes start, and the fork server's preloads ("process")."""
     processes: Callable[[], tuple[BaseContext, StartInfo]] | None = None
     """"auto": the processes' context and start, resolved only if they are needed."""
+    release: Callable[[], None] | None = None
+    """"auto": called once its iterator will start no more processes (threads chosen)."""
     remote: RemoteWorkers | None = None
     """Remote workers (Ray actors) beside the local ones, with the ids after theirs."""
     prestarted: Prestarted | None = None
@@ -95,7 +97,7 @@ def _local_pool(
     pool: WorkerPool
     if plan.kind == "auto":
         assert plan.processes is not None
-        pool = HandoverPool(config, num_workers, plan.processes, process_checks)
+        pool = HandoverPool(config, num_workers, plan.processes, process_checks, plan.release)
     elif plan.kind == "thread":
         pool = ThreadPool(config, num_workers)
     else:

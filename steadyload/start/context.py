@@ -122,6 +122,7 @@ def _ensure_zygote(stacklevel: int) -> None:
         check_zygote_safe()
         warn_threads("zygote", stacklevel)
     zygote.ensure(check_zygote_safe)
+    zygote.keep()  # asked for by name: never stopped early (zygote.py)
 
 
 def zygote_pid() -> int | None:
@@ -158,8 +159,9 @@ def resolve_context(
             ctx = zygote.AUTO_CONTEXT
         else:
             # CPython's forkserver, but a worker start never waits forever (launch.py).
-            ctx = launch.FORKSERVER if method == "forkserver" else multiprocessing.get_context(
-                method)
+            ctx = (
+                launch.FORKSERVER if method == "forkserver" else multiprocessing.get_context(method)
+            )
     method = ctx.get_start_method()
     preload: tuple[str, ...] = ()
     if method == "forkserver":

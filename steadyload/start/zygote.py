@@ -19,6 +19,7 @@ shared tensors). Written against CPython 3.10 to 3.13's forkserver.py/popen_fork
 
 from __future__ import annotations
 
+import atexit
 import gc
 import inspect
 import logging
@@ -27,9 +28,11 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from multiprocessing import (
     connection,
@@ -90,7 +93,8 @@ class _Zygote(forkserver.ForkServer):
                     return
                 _LOG.warning(
                     "the zygote (pid %d) exited (%s); forking a new one from this process",
-                    pid, _describe(status),
+                    pid,
+                    _describe(status),
                 )
                 self._forget()
             self._before_fork()  # raises when forking is unsafe now (a GPU context)
@@ -286,6 +290,64 @@ def pid() -> int | None:
     """The zygote's pid, or None when none was forked (or it was forked and then lost)."""
     server = _server
     return server._forkserver_pid if server is not None else None
+
+
+# -- who still needs it -----------------------------------------------------------------------
+# The zygote pins this process's heap as it was at the fork: a page written here later (a
+# garbage collection touches every tracked object) becomes a copy, and the old one is the
+# zygote's alone, so over a run it grows to the whole heap it was forked from. Worth it
+# while workers may be wanted; once no loader may start one, the zygote is stopped.
+
+_claims: weakref.WeakSet[object] = weakref.WeakSet()
+_kept = False  # asked for by name: kept for the life of this process
+
+
+def claim(owner: object) -> None:
+    """``owner`` (a loader's worker plans) may start workers from the zygote."""
+    _claims.add(owner)
+
+
+def keep() -> None:
+    """Asked for by name (``start_method="zygote"``, ``prestart``): kept, as a loader built
+    after the GPU is in use may need it and could not fork it again."""
+    global _kept
+    _kept = True
+
+
+def release(owner: object) -> None:
+    """``owner`` starts no more zygote workers (auto chose threads); with no other claim,
+    the zygote stops (a later loader forks one where safe, else uses forkserver: rule.py)."""
+    if owner in _claims:
+        _claims.discard(owner)
+        if not _claims and not _kept:
+            stop()
+
+
+def stop(wait_s: float = 1.0) -> None:
+    """Let the zygote go: it exits at EOF on its alive pipe, once every worker forked from
+    it is gone too; reaped within ``wait_s`` if it has exited by then. [Unit: second]"""
+    with _lock:
+        server = _server
+        if server is None or server._forkserver_pid is None:
+            return
+        zygote_pid = server._forkserver_pid
+        with server._lock:
+            server._forget()
+    _LOG.debug("released the zygote (pid %d): no loader needs it", zygote_pid)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:  # past it, workers still run: it exits after them
+        try:
+            if os.waitpid(zygote_pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:  # reaped by someone else
+            return
+        time.sleep(0.005)
+
+
+# At exit the zygote goes before this interpreter's teardown, which writes to every object:
+# each page the zygote shares with this process would become a copy, a peak for nothing.
+# (Registered at import: the exit hooks registered later, which stop workers, run first.)
+atexit.register(stop, 0.2)
 
 
 def _current() -> _Zygote:

@@ -5,33 +5,24 @@ A `HandoverPool` is one `WorkerPool` over two, a `RoutedPool` (engine/routed.py)
 route is the phase: the *first* pool, started at once, and the *second*, started when the
 measurement (worker_kind.py) chooses the other kind. Which comes first:
 
-- **processes**, where a process worker is a fork away (the zygote the loader forked when
-  it was built, or ``start_method="fork"``): started at once, with a GIL probe inside each
-  (their configuration's ``probe_gil``); when the work turns out to leave the GIL free,
-  thread workers are started (at once: nothing to fork) and take the next tasks;
-- **threads** otherwise (the first batch in milliseconds, no fork server to wait for);
-  when the measurement leans to the work holding the GIL, a `ProcessPool` is started by a
-  helper thread from the fork server (whose imports, about a second for torch, overlap
-  with the threads still loading); it takes tasks once the choice is processes, and is
-  stopped if it is threads.
+- **processes**, where one is a fork away (the zygote, or ``start_method="fork"``), with a
+  GIL probe inside each (``probe_gil``); if the work leaves the GIL free, thread workers
+  are started (nothing to fork) and take the next tasks; once the processes are gone, the
+  loader lets the zygote go unless another loader may need it (``release``, zygote.py);
+- **threads** otherwise (no fork server to wait for); if the work holds the GIL, a
+  `ProcessPool` is started by a helper thread from the fork server (its import of torch
+  overlaps with the threads' loading), takes tasks once the choice is processes, and is
+  stopped if it is threads. The helper only runs `ProcessPool.start`; the iterating
+  thread takes the pool over once it has finished (one owner at a time). Processes that
+  cannot start (a dataset that does not pickle) leave the loader on threads, saying why.
 
-The hand-over is per task, so it needs no pause and loses nothing:
-
-- A task goes to the first pool's worker of its id until the second pool runs, and to the
-  second's worker of that id from then on. The task table (iterators/) still sees one
-  worker per id and yields in task order, so the order is torch's and every task runs on
-  exactly one of the two (a task a dead worker held is re-sent to its replacement, as
-  always; if it also finishes elsewhere, the second outcome finds its task settled and is
-  dropped).
-- While the first pool's worker still holds tasks, its id's progress, hang watch and stack
-  are that worker's; then the second's. When the first pool holds no task, it is stopped.
-- A dead or hung first-pool worker's replacement is the second pool's worker of its id
-  once that exists.
-
-The helper thread only runs `ProcessPool.start`; the iterating thread takes the pool
-over once the helper has finished (one owner at a time, as `ProcessPool` requires). If the
-processes cannot start (a dataset that does not pickle, a start that fails), the loader
-stays on threads and says why.
+The hand-over is per task, so it needs no pause and loses nothing: a task goes to the
+first pool's worker of its id until the second pool runs, then to the second's. The task
+table (iterators/) still sees one worker per id and yields in task order, so every task
+runs on exactly one of the two (a task a dead worker held is re-sent to its replacement,
+the second's once that exists; an outcome for a settled task is dropped). While the first
+pool's worker holds tasks, its id's progress, hang watch and stack are that worker's;
+when the first pool holds none, it is stopped.
 """
 
 from __future__ import annotations
@@ -77,10 +68,12 @@ class HandoverPool(RoutedPool):
         num_workers: int,
         processes: Callable[[], tuple[BaseContext, Any]],
         prepare: Callable[[str], None],
+        release: Callable[[], None] | None = None,
     ) -> None:
-        """``processes``: the start context, resolved only if processes are needed;
-        ``prepare``: the checks a process start needs, given its method."""
+        """``processes``: the start context, resolved if needed; ``prepare``: the checks a
+        process start needs; ``release``: processes handed over to threads are gone."""
         self._config = config
+        self._release = release
         self._num_workers = num_workers
         self._processes = processes
         self._prepare = prepare
@@ -182,6 +175,13 @@ class HandoverPool(RoutedPool):
             if self._helper is not None and not self._helper.is_alive():
                 self._adopt()
         super().shutdown()
+        self._processes_gone()
+
+    def _processes_gone(self) -> None:
+        """Processes measured and handed over to threads are stopped: say so, once."""
+        if self._on_processes and self._second is not None and (release := self._release):
+            self._release = None
+            release()
 
     # -- the hand-over -----------------------------------------------------------------------
     def _figures(self) -> tuple[tuple[int, int, float], ProbeFigures, str]:
@@ -347,8 +347,7 @@ class HandoverPool(RoutedPool):
             self._first.send_task(worker_id, task_id, indices, epoch)
 
     def send_restore(self, worker_id: int, state: bytes) -> None:
-        """Never needed: a stream, or a dataset with its own state, never starts on threads
-        (worker_kind.static_choice)."""
+        """Never needed: a stream or a stateful dataset never starts here (static_choice)."""
         raise RuntimeError("[steadyload internal error] a dataset position in a hand-over pool")
 
     def send_reset(self) -> None:
@@ -384,6 +383,7 @@ class HandoverPool(RoutedPool):
         self._adopt()
         if self._second is not None and not any(self._held) and self._first.running:
             self._first.shutdown()  # every task is the second pool's now
+            self._processes_gone()
         return from_first + events + self._announce_now()
 
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:

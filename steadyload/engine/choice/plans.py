@@ -12,6 +12,7 @@ import dataclasses
 import multiprocessing.context
 from typing import Any
 
+from ...start import zygote
 from ...start.context import StartInfo, resolve_context, zygote_is_auto_choice
 from ..factory import THREADS, PoolPlan
 from .worker_kind import WorkerChoice, static_choice
@@ -51,9 +52,14 @@ class WorkerPlans:
             if self.choice is None:
                 self.choice = static_choice(loader, options.max_worker_memory_bytes)
             if self.choice is None:  # measured on the first batches
-                return PoolPlan("auto", processes=lambda: self.start_context(loader))
+                return PoolPlan(
+                    "auto",
+                    processes=lambda: self.start_context(loader),
+                    release=self.release_processes,
+                )
             kind = self.choice.kind
         if kind == "thread":
+            self.release_processes()
             return THREADS
         return PoolPlan("process", *self.start_context(loader))
 
@@ -78,4 +84,11 @@ class WorkerPlans:
         if self.start is None or (explicit is not None and self.start[0] is not explicit):
             module = type(loader.dataset).__module__
             self.start = resolve_context(loader._options.start_method, explicit, module)
+            if isinstance(self.start[0], zygote.ZygoteContext):
+                zygote.claim(self)
         return self.start
+
+    def release_processes(self) -> None:
+        """This loader starts no more process workers (``worker_type="auto"`` chose
+        threads): the zygote may go if no other loader needs it (start/zygote.py)."""
+        zygote.release(self)
