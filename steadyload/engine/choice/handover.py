@@ -43,7 +43,7 @@ from ..protocol import Empty, Exhausted, Failed
 from ..routed import LeadViews, RoutedPool
 from ..thread.pool import ThreadPool
 from ..worker.gil import GilProbe, ProbeFigures
-from .ahead import start_on_helper
+from .ahead import start_on_helper, stop_on_helper
 from .worker_kind import ProcessFigures, WorkerChoice, chose, leans_to_processes, live_choice
 
 _LOG = logging.getLogger(__name__)
@@ -58,9 +58,8 @@ _SEEDED = (
 
 
 class HandoverPool(RoutedPool):
-    """Workers of the kind that starts faster, then of the other kind once the measurement
-    asks for it: a `RoutedPool` whose route is the phase (`_owner`), plus the hooks where
-    the hand-over differs (which pool a task goes to, respawn, what the first pool holds)."""
+    """Workers of the kind that starts faster, then of the other if the measurement asks:
+    a `RoutedPool` routed by phase (`_owner`), with the hooks where the hand-over differs."""
 
     def __init__(
         self,
@@ -81,6 +80,7 @@ class HandoverPool(RoutedPool):
         self._procs: ProcessPool | None = None
         self._second: WorkerPool | None = None  # adopted: new tasks go there
         self._helper: threading.Thread | None = None
+        self._stopper: threading.Thread | None = None  # stops the first pool (processes)
         self._started: ProcessPool | None = None  # set by the helper once its start succeeded
         self._start_failure: str | None = None  # why the processes could not start
         self._lock = threading.Lock()  # between the helper's result and `shutdown`
@@ -165,10 +165,11 @@ class HandoverPool(RoutedPool):
         self._second.respawn(worker_id)
 
     def shutdown(self) -> None:
-        """Stop both pools. A process start still under way is not waited for (the fork
-        server may be importing torch): the helper stops those workers itself (and the
-        exit waits for it, ahead.py)."""
+        """Stop both pools; a stop on a helper is waited for, a process start under way is
+        not (the fork server may be importing torch: the helper stops them, ahead.py)."""
         self._probe.stop()
+        if self._stopper is not None:
+            self._stopper.join(60.0)  # bounded: the stop's own waits are
         with self._lock:
             self._unwanted = True
             self._drop_started()
@@ -178,7 +179,7 @@ class HandoverPool(RoutedPool):
         self._processes_gone()
 
     def _processes_gone(self) -> None:
-        """Processes measured and handed over to threads are stopped: say so, once."""
+        """Processes handed over to threads are stopped: said once (the zygote may go)."""
         if self._on_processes and self._second is not None and (release := self._release):
             self._release = None
             release()
@@ -313,18 +314,15 @@ class HandoverPool(RoutedPool):
         if self._choice is None or self._choice.kind != "process":
             return  # started ahead: kept until the choice (or stopped by it)
         self._helper = None
-        if self._started is None:
-            if self._unwanted:
-                return  # the helper stopped what it started: the iterator is gone
-            self._stay_failed()
+        if self._started is None:  # unwanted: the helper stopped what it started (gone)
+            if not self._unwanted:
+                self._stay_failed()
             return
         self._procs, self._started = self._started, None
         self._second = self._procs
         self._pools.append(self._procs)  # routed to, polled and stopped from now on
-        reason = (
-            self._choice.reason + "; the first batches came from thread workers "
-            "while the processes started"
-        )
+        reason = self._choice.reason + "; the first batches came from thread workers while"
+        reason += " the processes started"
         event = WorkersChosen("process", reason, self._method, self._preload, now=True)
         self._announce.append((CHOSEN, event))
 
@@ -382,8 +380,10 @@ class HandoverPool(RoutedPool):
         self._decide(draws_globally)
         self._adopt()
         if self._second is not None and not any(self._held) and self._first.running:
-            self._first.shutdown()  # every task is the second pool's now
-            self._processes_gone()
+            if self._on_processes:  # every task is the threads' now: the loop need not wait
+                self._stopper = stop_on_helper(self._first, self._processes_gone)
+            else:
+                self._first.shutdown()
         return from_first + events + self._announce_now()
 
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
