@@ -142,9 +142,9 @@ def _warm_forkserver() -> None:
     # Kept for the session (as if asked for by name): a loader that lets it go (auto chose
     # threads) must not take it from the tests after it. tests/integration/
     # test_zygote_release.py tests the release, in processes of its own.
-    from steadyload.start import zygote
+    from steadyload.start import claims
 
-    zygote.keep()
+    claims.keep()
 
 
 def _threads() -> set[str]:

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from . import launch, rule, zygote
+from . import claims, launch, rule, zygote
 from .guards import check_zygote_safe, warn_threads
 from .preload import ensure_forkserver, parent_imports
 
@@ -122,7 +122,7 @@ def _ensure_zygote(stacklevel: int) -> None:
         check_zygote_safe()
         warn_threads("zygote", stacklevel)
     zygote.ensure(check_zygote_safe)
-    zygote.keep()  # asked for by name: never stopped early (zygote.py)
+    claims.keep()  # asked for by name: never stopped early
 
 
 def zygote_pid() -> int | None:

@@ -32,7 +32,6 @@ import time
 import traceback
 import types
 import warnings
-import weakref
 from collections.abc import Callable
 from multiprocessing import (
     connection,
@@ -292,50 +291,29 @@ def pid() -> int | None:
     return server._forkserver_pid if server is not None else None
 
 
-# -- who still needs it -----------------------------------------------------------------------
-# The zygote pins this process's heap as it was at the fork: a page written here later (a
-# garbage collection touches every tracked object) becomes a copy, and the old one is the
-# zygote's alone, so over a run it grows to the whole heap it was forked from. Worth it
-# while workers may be wanted; once no loader may start one, the zygote is stopped.
-
-_claims: weakref.WeakSet[object] = weakref.WeakSet()
-_kept = False  # asked for by name: kept for the life of this process
-
-
-def claim(owner: object) -> None:
-    """``owner`` (a loader's worker plans) may start workers from the zygote."""
-    _claims.add(owner)
-
-
-def keep() -> None:
-    """Asked for by name (``start_method="zygote"``, ``prestart``): kept, as a loader built
-    after the GPU is in use may need it and could not fork it again."""
-    global _kept
-    _kept = True
-
-
-def release(owner: object) -> None:
-    """``owner`` starts no more zygote workers (auto chose threads); with no other claim,
-    the zygote stops (a later loader forks one where safe, else uses forkserver: rule.py)."""
-    if owner in _claims:
-        _claims.discard(owner)
-        if not _claims and not _kept:
-            stop()
-
-
 def stop(wait_s: float = 1.0) -> None:
     """Let the zygote go: it exits at EOF on its alive pipe, once every worker forked from
     it is gone too; reaped within ``wait_s`` if it has exited by then. [Unit: second]"""
     with _lock:
-        server = _server
-        if server is None or server._forkserver_pid is None:
-            return
-        zygote_pid = server._forkserver_pid
-        with server._lock:
-            server._forget()
-    _LOG.debug("released the zygote (pid %d): no loader needs it", zygote_pid)
+        gone = _forget()
+    _reap(gone, wait_s)
+
+
+def _forget() -> int | None:
+    """Close this process's end of the zygote's alive pipe and forget it (holding `_lock`)."""
+    server = _server
+    if server is None or server._forkserver_pid is None:
+        return None
+    zygote_pid = server._forkserver_pid
+    with server._lock:
+        server._forget()
+    _LOG.debug("stopping the zygote (pid %d)", zygote_pid)
+    return zygote_pid
+
+
+def _reap(zygote_pid: int | None, wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:  # past it, workers still run: it exits after them
+    while zygote_pid is not None and time.monotonic() < deadline:  # past it, workers run
         try:
             if os.waitpid(zygote_pid, os.WNOHANG)[0]:
                 return

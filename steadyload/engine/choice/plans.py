@@ -12,7 +12,7 @@ import dataclasses
 import multiprocessing.context
 from typing import Any
 
-from ...start import zygote
+from ...start import claims, zygote
 from ...start.context import StartInfo, resolve_context, zygote_is_auto_choice
 from ..factory import THREADS, PoolPlan
 from .worker_kind import WorkerChoice, static_choice
@@ -83,12 +83,13 @@ class WorkerPlans:
         explicit = loader.multiprocessing_context
         if self.start is None or (explicit is not None and self.start[0] is not explicit):
             module = type(loader.dataset).__module__
+            claims.claim(self)  # first: a zygote found running is not let go meanwhile
             self.start = resolve_context(loader._options.start_method, explicit, module)
-            if isinstance(self.start[0], zygote.ZygoteContext):
-                zygote.claim(self)
+            if not isinstance(self.start[0], zygote.ZygoteContext):
+                claims.release(self, stop_if_unclaimed=False)
         return self.start
 
     def release_processes(self) -> None:
         """This loader starts no more process workers (``worker_type="auto"`` chose
-        threads): the zygote may go if no other loader needs it (start/zygote.py)."""
-        zygote.release(self)
+        threads): the zygote may go if no other loader needs it (start/claims.py)."""
+        claims.release(self)
