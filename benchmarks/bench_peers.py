@@ -506,6 +506,21 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
+def _spread(
+    runs: dict[tuple[str, str], list[dict[str, Any]]], workload: str, fixed: str | None
+) -> str:
+    """The range of auto's rate over the better fixed kind's in the same repetition: how far
+    the run's noise moves the ratio (the medians' ratio is the figure)."""
+    autos, fixeds = runs.get((workload, "sl-auto"), []), runs.get((workload, fixed or ""), [])
+    if not autos or not fixeds:
+        return "per repetition: -"
+    pairs = zip(autos, fixeds, strict=True)  # one run of each per repetition, in order
+    ratios = sorted(a["rate"] / f["rate"] for a, f in pairs if a.get("rate") and f.get("rate"))
+    if not ratios:
+        return "per repetition: -"
+    return f"per repetition {ratios[0]:.2f}-{ratios[-1]:.2f}x"
+
+
 def _short_table(
     runs: dict[tuple[str, str], list[dict[str, Any]]], workloads: list[str], loaders: list[str]
 ) -> dict[str, Any]:
@@ -542,7 +557,8 @@ def _short_table(
         }
         best = max(peers, key=lambda k: peers[k]["rate"]) if peers else None
         print(
-            f"  auto vs the better of sl-process/sl-thread: {vs_fixed} (from the first batch), "
+            f"  auto vs the better of sl-process/sl-thread: {vs_fixed} "
+            f"(from the first batch; {_spread(runs, workload, fixed)}), "
             f"{vs_fixed_epoch} (epoch from iter()); sl-process first batch vs torch fork: "
             f"{_ratio(rows.get('sl-process', {}).get('first_s'), fork.get('first_s'))}; "
             "sl-auto first batch vs torch fork: "

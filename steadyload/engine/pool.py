@@ -93,6 +93,11 @@ class WorkerPool(Protocol):
     def pending(self) -> bool:
         """Whether events are already queued (the poll must not block)."""
 
+    def exit_unreported(self) -> bool:
+        """Whether a worker is known to have exited whose `Died` has not come out of
+        `collect` yet (a fork server reports its workers' exit status a moment after they
+        exit); the epoch's end waits a moment for it."""
+
     def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
         """The events behind ``ready`` (what the poll returned) and any queued; never
         blocks. Events are ``(worker_id, event)``: a protocol message (a `Done` comes back

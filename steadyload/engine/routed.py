@@ -188,6 +188,10 @@ class RoutedPool:
         """Whether any running pool has events queued."""
         return any([pool.pending() for pool in self._live()])  # every pool asked, as armed
 
+    def exit_unreported(self) -> bool:
+        """Whether any running pool knows of an exit it has not reported yet."""
+        return any(pool.exit_unreported() for pool in self._live())
+
     def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
         """The running pools' events, in pool order."""
         return [event for pool in self._live() for event in pool.collect(ready)]

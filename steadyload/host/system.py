@@ -212,6 +212,16 @@ def max_map_count() -> int | None:
         return None
 
 
+def process_state(pid: int) -> str | None:
+    """The process state letter from /proc (R, S, D, T stopped, t traced, Z...); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2 :][:1].decode() or None  # the name may hold spaces
+
+
 def pidfd_open(pid: int | None) -> int | None:
     """A descriptor that names process ``pid`` (readable once it exits), or None.
 

@@ -10,6 +10,7 @@ yields it.
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,10 @@ from ..report import SkippedSample
 from .common import DatasetError, EmptyBatches, SkipGuard, TimedNext, flat_indices
 from .delivery import commit, record_step, take_back
 from .record import RunRecord
+
+_EXIT_REPORT_S = 2.0
+"""How long the epoch's end waits for the death of a worker that has exited (or is exiting)
+but whose `Died` has not come yet (its fork server reports it late). [Unit: second]"""
 
 
 def later(method: Callable[..., Any], *args: Any) -> Callable[[], Any]:
@@ -89,11 +94,32 @@ class WorkerFeeding(Feeding):
     _dataset_kind: int
     _prefetch_factor: int
     _ended: dict[int, bytes | None]
+    _recovery: Any
+    _outcomes: Any
     # The iterator's own steps (iterators/workers.py):
     _shutdown_workers: Callable[[], None]
     _hold_back: Callable[[], None]
     _next_data_inner: Callable[[bool], Any]
     _try_put_index: Callable[..., bool]
+
+    def _read_last_events(self) -> None:
+        """Before the epoch's workers stop: the events already on their way (a worker that
+        died after its last task, an announcement), so that none goes unsaid."""
+        pool = self._pool
+        if pool is None or not pool.running:
+            return
+        self._recovery.epoch_over = True
+        deadline = time.monotonic() + _EXIT_REPORT_S
+        timeout_s = 0.0
+        try:
+            while True:
+                for worker_id, event in pool.wait(timeout_s):
+                    self._outcomes.on_event(pool, worker_id, event)
+                if not (pool.running and pool.exit_unreported()) or time.monotonic() > deadline:
+                    return
+                timeout_s = 0.05  # its fork server has not reported it yet: a moment more
+        finally:
+            self._recovery.epoch_over = False
 
     def _take(self, block: bool) -> Taken | None:
         if self._pool is not None and not self._pool.running:

@@ -103,6 +103,9 @@ class Recovery:
         self._kills: collections.Counter[Any] = collections.Counter()  # sample -> deaths
         self._hangs: collections.Counter[Any] = collections.Counter()  # task id -> hangs
         self._oom_kills = system.cgroup_memory().oom_kills
+        self.epoch_over = False
+        """Every batch of the epoch was yielded and its workers stop now: a death is said,
+        not healed (nothing is left to re-run)."""
 
     @property
     def _resumable(self) -> bool:
@@ -138,6 +141,20 @@ class Recovery:
 
         def error(outcome: str) -> BaseException:
             return cause.explain(dataclasses.replace(loss, outcome=outcome))
+
+        if self.epoch_over and not tasks:
+            _LOG.info("%s", error(""))  # the full diagnosis (evidence, likely cause, fix)
+            if died.worker_id >= 0 and one:
+                what = f"was {cause.short}" if cause.short.startswith("killed") else cause.short
+                who = f"worker {died.worker_id} (pid {died.pid}) {what}"
+            else:
+                who = f"{cause.short} with {died.kind} workers {workers}"
+            _LOG.warning(
+                "%s after the last batch of the epoch: nothing was lost (no batch was held), "
+                "and the epoch's workers stop now.",
+                who,
+            )
+            return
 
         if retired_uss is not None and cause.clean:
             why = (

@@ -313,6 +313,7 @@ class WorkerIterator(WorkerFeeding, _BaseDataLoaderIter):
                 for warning in self._memory.end_epoch():
                     _LOG.warning(warning)
                 if not self._persistent_workers:
+                    self._read_last_events()
                     self._shutdown_workers()
                 raise StopIteration
             task_id, task = head

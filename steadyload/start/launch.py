@@ -26,6 +26,8 @@ from collections.abc import Callable
 from multiprocessing import context, forkserver, popen_forkserver, process, reduction, spawn, util
 from typing import Any
 
+from ..host.system import process_state
+
 STALL_S = 120.0
 """How long a fork server may make no progress at all (neither CPU time nor reads) before
 a worker start it has not answered fails, unless `STALL_ENV` says. [Unit: second]"""
@@ -57,16 +59,6 @@ class StartStalled(Exception):
     def __init__(self, why: str, pid: int | None, stopped: bool) -> None:
         super().__init__(why)
         self.pid, self.stopped = pid, stopped
-
-
-def server_state(pid: int) -> str | None:
-    """The process state letter from /proc (R, S, D, T stopped, t traced, Z...); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat[stat.rfind(b")") + 2 :][:1].decode() or None  # the name may hold spaces
 
 
 def server_progress(pid: int) -> tuple[int, int]:
@@ -101,7 +93,7 @@ class _Watch:
         pid = self.pid
         if pid is None:
             return
-        state = server_state(pid)
+        state = process_state(pid)
         server = f"the fork server (pid {pid})"
         if state in ("T", "t"):
             raise StartStalled(

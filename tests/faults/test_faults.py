@@ -11,6 +11,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -55,6 +56,38 @@ def test_worker_sigkilled_from_outside_is_reported_with_its_cause() -> None:
     # The iterator does not silently resume after losing batches.
     with pytest.raises(sl.WorkerDiedError):
         next(it)
+
+
+@pytest.mark.parametrize("server_lags", [False, True], ids=["reported", "server-lags"])
+def test_a_worker_killed_after_the_last_batch_is_said_when_the_epoch_ends(
+    caplog: pytest.LogCaptureFixture, server_lags: bool,
+) -> None:  # fmt: skip
+    loader = sl.DataLoader(PidDS(4), batch_size=2, num_workers=2)  # one batch per worker
+    it = iter(loader)
+    batches = [next(it), next(it)]  # every batch yielded: the workers are idle
+    victim = int(batches[0][0, 1])  # worker 0's pid
+    server = psutil.Process(victim).ppid()
+    assert server != os.getpid(), "the default start forks workers from a fork server"
+    # Lagging, its fork server reports the exit only once resumed, while the epoch ends.
+    resume = threading.Timer(0.3, os.kill, (server, signal.SIGCONT))
+    if server_lags:
+        os.kill(server, signal.SIGSTOP)
+    try:
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: processes_gone([victim]), 10, what="the killed worker to exit")
+        if server_lags:
+            resume.start()
+        with caplog.at_level("WARNING", logger="steadyload"):
+            assert list(it) == []  # the epoch ends as it would have
+    finally:
+        resume.cancel()
+        os.kill(server, signal.SIGCONT)  # never left stopped, whatever failed
+    assert re.search(
+        rf"worker 0 \(pid {victim}\) was killed by SIGKILL after the last batch of the epoch: "
+        "nothing was lost",
+        caplog.text,
+    ), caplog.text
+    assert not loader.report().restarts  # nothing was restarted
 
 
 @pytest.mark.parametrize(

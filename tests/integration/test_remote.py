@@ -72,6 +72,22 @@ class Ray:
         self.cluster.wait_for_nodes()
 
     @staticmethod
+    def kill_live_actors() -> None:
+        """Kill what a failed test left (its iterators may live on in its traceback)."""
+        from ray._private.worker import global_worker
+
+        for a in Ray.live_actors():
+            try:
+                global_worker.core_worker.kill_actor(ray.ActorID.from_hex(a["ActorID"]), True)
+            except Exception:  # it died meanwhile
+                pass
+
+    @staticmethod
+    def all_cpus_free() -> bool:
+        """Whether no actor holds a CPU (every node's CPUs are available)."""
+        return ray.available_resources().get("CPU", 0) >= ray.cluster_resources().get("CPU", 0)
+
+    @staticmethod
     def live_actors() -> list[dict[str, Any]]:
         from ray._private import state
 
@@ -133,14 +149,21 @@ def no_leaks(cluster: Ray) -> Iterator[None]:
     children, threads = _children(), _threads()
     yield
     gc.collect()
-    wait_until(lambda: not cluster.live_actors(), 20, what="every remote worker's actor to die")
-    from ray._private import state
+    try:
+        wait_until(lambda: not cluster.live_actors(), 20, what="every remote worker's actor to die")
+        from ray._private import state
 
-    pids = [a["Pid"] for a in state.actors().values() if a.get("ActorClassName") == "RemoteWorker"]
-    wait_until(lambda: processes_gone(pids), 20, what="every actor's process to exit")
-    wait_until(lambda: not (_threads() - threads), 10, what="steadyload's threads to end")
-    wait_until(lambda: not (_children() - children), 10, what="local workers to exit")
-    cluster.restore()
+        actors = state.actors().values()
+        pids = [a["Pid"] for a in actors if a.get("ActorClassName") == "RemoteWorker"]
+        wait_until(lambda: processes_gone(pids), 20, what="every actor's process to exit")
+        wait_until(lambda: not (_threads() - threads), 10, what="steadyload's threads to end")
+        wait_until(lambda: not (_children() - children), 10, what="local workers to exit")
+    finally:  # a failed test's actors must not hold the CPUs the next tests need
+        cluster.kill_live_actors()
+        cluster.restore()
+        # Ray frees a dead actor's CPU once its raylet has seen the process go: a test that
+        # started before would find the cluster smaller than it is.
+        wait_until(cluster.all_cpus_free, 30, what="every CPU of the cluster to be free")
 
 
 def _gen() -> torch.Generator:
@@ -536,6 +559,51 @@ def test_an_idle_iterator_gives_its_actors_to_a_loader_ray_could_not_place(
         rest = list(left)  # used again: it asks Ray for its workers again
     assert "start again: their iterator is in use again" in caplog.text
     assert _same(first + rest, expected)  # nothing lost or loaded twice, torch's order
+
+
+class _Blocker:
+    """Holds a CPU of the cluster for as long as it lives."""
+
+    def ping(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize("placed", [1, 0])
+def test_an_idle_iterator_with_an_unplaced_actor_gives_back_and_resumes(
+    cluster: Ray, caplog: Any, placed: int,
+) -> None:  # fmt: skip
+    """Blockers hold the CPUs the iterator's actors do not get. ``placed`` 1: its placed
+    actor's CPU must go to the other loader although its other actor holds tasks. 0: no
+    actor of it started, so its window is full of their tasks: used again, it only waits,
+    and that wait must ask for its actors."""
+    blockers = [ray.remote(num_cpus=1)(_Blocker).remote() for _ in range(2 - placed)]
+    ray.get([b.ping.remote() for b in blockers], timeout=60)
+    args: dict[str, Any] = dict(batch_size=4, shuffle=True, sample_seeds=True)
+    expected = list(sl.DataLoader(Augmented(32), generator=_gen(), num_workers=2, **args))
+    left = iter(sl.DataLoader(Augmented(32), generator=_gen(), remote_workers=2, **args))
+    wait_until(lambda: len(cluster.live_actors()) == 2 and [
+        a["State"] for a in cluster.live_actors()].count("ALIVE") == placed, 60,
+        what=f"{placed} actor(s) of the iterator placed")  # fmt: skip
+    other = sl.DataLoader(Augmented(16), batch_size=4, remote_workers=1, sample_seeds=True)
+    got: list[Any] = []
+    with caplog.at_level(logging.INFO, logger="steadyload"):
+        thread = threading.Thread(target=lambda: got.extend(other), daemon=True)
+        thread.start()
+        if placed:
+            thread.join(90)  # without the give-back: for as long as the blocker lives
+            loaded_beside = not thread.is_alive()
+        else:  # no CPU for it until a blocker goes; the iterator's requests go first
+            wait_until(lambda: "gave back their Ray resources" in caplog.text, 60,
+                       what="the idle iterator's give-back")  # fmt: skip
+            loaded_beside = True
+        for blocker in blockers:
+            ray.kill(blocker)
+        thread.join(60)
+        assert loaded_beside, "the other loader waited for the blocker's CPU"
+        assert "gave back their Ray resources" in caplog.text
+        assert _indices(got) == list(range(16))
+        rest = list(left)  # its tasks go to the actors that replace the given-back ones
+    assert _same(rest, expected)  # nothing lost or loaded twice, torch's order
 
 
 def test_an_idle_stream_keeps_its_actors(cluster: Ray) -> None:

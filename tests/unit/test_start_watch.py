@@ -13,7 +13,7 @@ class Server:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.state, self.progress = "S", (10, 100)
-        monkeypatch.setattr(launch, "server_state", lambda pid: self.state)
+        monkeypatch.setattr(launch, "process_state", lambda pid: self.state)
         monkeypatch.setattr(launch, "server_progress", lambda pid: self.progress)
 
 

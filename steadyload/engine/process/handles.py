@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 
-from ...host.system import close_fds, pidfd_open
+from ...host.system import close_fds, pidfd_open, process_state
 from ...start.servers import ServerRef
 from ..events import Received, ReceiveFailed
 from ..protocol import Done, Stop
@@ -160,6 +160,13 @@ class Handle:
             return self.process.exitcode is not None
         readable, _, _ = select.select([self.pidfd], [], [], 0)
         return bool(readable)
+
+    def exiting(self) -> bool:
+        """Whether the process has exited or is exiting: killed, its main thread is a zombie
+        while its other threads end, and only then does its pidfd fire."""
+        if self.really_exited():
+            return True
+        return self.pid is not None and process_state(self.pid) in (None, "Z", "X")
 
     def kill_orphan(self, wait_s: float = 2.0) -> None:
         """SIGKILL the process if it still runs though its exit was reported (its fork

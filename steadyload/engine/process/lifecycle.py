@@ -20,8 +20,10 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 
+from ...start.servers import ServerRef
 from ..interrupts import held_interrupts, on_interrupt
 from .handles import Handle
+from .server_watch import ServerWatch
 
 _LOG = logging.getLogger(__name__)
 _SLICE_S = 0.1  # waits are cut in slices, so that a held Ctrl-C can cut them short
@@ -93,3 +95,12 @@ def teardown(handles: list[Handle], grace_s: float) -> None:
             h.kill_orphan()
             h.finish()
             handles.remove(h)
+
+
+def stop_all(live: list[Handle], server_fds: dict[ServerRef, int], grace_s: float) -> None:
+    """A pool's teardown, then its fork servers' pidfds closed: also what its finalizer
+    runs at garbage collection or exit."""
+    try:
+        teardown(live, grace_s)  # a held Ctrl-C is raised at its end
+    finally:
+        ServerWatch(server_fds).close()

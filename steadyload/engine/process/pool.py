@@ -36,21 +36,13 @@ from ..protocol import Reset, Restore, Task
 from ..transport import channel
 from ..worker.status import Progress, StatusBlock
 from .handles import Handle, WorkerView
-from .lifecycle import teardown
+from .lifecycle import stop_all
 from .liveness import ProcessExit, ServerExit
 from .server_watch import ServerWatch
 from .worker import worker_main
 
 _LOG = logging.getLogger(__name__)
 SERVER = -1  # the "worker id" of events about the fork server itself
-
-
-def _stop_all(live: list[Handle], server_fds: dict[ServerRef, int], grace_s: float) -> None:
-    """The teardown: also what the finalizer runs at garbage collection or exit."""
-    try:
-        teardown(live, grace_s)  # a held Ctrl-C is raised at its end
-    finally:
-        ServerWatch(server_fds).close()
 
 
 class ProcessPool:
@@ -77,7 +69,7 @@ class ProcessPool:
         self._live: list[Handle] = []  # shared with the finalizer; never reassigned
         server_fds: dict[ServerRef, int] = {}  # shared likewise
         self._servers = ServerWatch(server_fds)
-        self._finalizer = weakref.finalize(self, _stop_all, self._live, server_fds, grace_s)
+        self._finalizer = weakref.finalize(self, stop_all, self._live, server_fds, grace_s)
         self._deferred: Deferred | None = None
         self.views: list[WorkerView | None] = [None] * num_workers
         """Each worker id's latest process, as ``iterator._workers`` shows it."""
@@ -208,7 +200,7 @@ class ProcessPool:
         if self._finalizer.alive:
             self._finalizer()  # once: the same call runs at garbage collection or exit
         elif self._live:
-            _stop_all(self._live, self._servers.fds, self._grace_s)
+            stop_all(self._live, self._servers.fds, self._grace_s)
 
     @property
     def stopped(self) -> bool:
@@ -308,6 +300,10 @@ class ProcessPool:
     def pending(self) -> bool:
         """Never: every event of a process arrives through a descriptor."""
         return False
+
+    def exit_unreported(self) -> bool:
+        """Whether a live worker has exited or is exiting (its sentinel fires later)."""
+        return any(h.exiting() for h in self._live)
 
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
         """Block until a message or a death arrives, or ``timeout_s`` passes. [Unit: second]"""

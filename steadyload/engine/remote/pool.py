@@ -47,7 +47,7 @@ from .warm import Prestarted, actor_class
 _BEGIN, _READY = -2, -1  # the collector's markers for the actor's `begin` and `ready` calls
 
 
-class RemotePool:
+class RemotePool(sharing.GivesBack):
     """Remote workers ``first_id`` .. ``first_id + count - 1`` of one iterator; a
     `WorkerPool` (see module)."""
 
@@ -104,8 +104,9 @@ class RemotePool:
         old = self._actors.get(worker_id)
         if old is not None and not old.gone:  # never two actors for one id
             self._end(old)
-        self._generations[worker_id] += 1
-        self._released.discard(worker_id)
+        with self._lock:
+            self._generations[worker_id] += 1
+            self._released.discard(worker_id)
         self._spawn(worker_id)
 
     def _spawn(self, worker_id: int) -> None:
@@ -208,7 +209,7 @@ class RemotePool:
                 continue
             if task_id == _READY:
                 with self._lock:  # its first task starts now (hang_timeout counts from here)
-                    answer, a.head_ns, a.set_up = result, time.monotonic_ns(), True
+                    answer, a.head_ns, a.set_up, a.sent = result, time.monotonic_ns(), True, None
                 self._put(a, answer)
                 if isinstance(answer, StartFailed):
                     return
@@ -230,28 +231,6 @@ class RemotePool:
                     self._end(a)  # (its generation stays: the respawn moves it on)
                     self._put(a, Died(REMOTE, a.worker_id, a.pid, None, liveness.RETIRED))
                     return
-
-    def give_back(self) -> list[int]:
-        """Kill every actor if this pool is idle and they hold nothing that must survive
-        (sharing.py); they start again at the next send. Returns the worker ids."""
-        with self._lock:
-            live = [a for a in self._actors.values() if not a.gone]
-            if (
-                not self.running
-                or not self._shareable
-                or self._in_poll
-                or not live
-                or time.monotonic() - self._polled < sharing.IDLE_S
-                or any(a.held for a in live)
-            ):
-                return []
-            for a in live:
-                a.gone = True  # under the lock: a send now asks for them again
-            ids = sorted(a.worker_id for a in live)
-            self._released.update(ids)
-        for a in live:
-            self._end(a)
-        return ids
 
     def _on_failure(self, a: Actor, task_id: int, exc: BaseException) -> None:
         """A call raised: the actor, its node or a result is gone. One `Died`, for one actor
@@ -284,19 +263,10 @@ class RemotePool:
     # -- messaging ---------------------------------------------------------------------------
     def _send(self, worker_id: int, msg: object, task_id: int | None = None) -> None:
         with self._lock:  # give_back cannot take the actor between the check and the call
-            self._polled = time.monotonic()
-            for w in sharing.take_back(self._released):  # in use again: the same generation,
-                self._spawn(w)  # so the results fetched before still count
+            self._in_use(sending=True)
             a = self._actors.get(worker_id)
-            if a is None or a.gone:
-                return
-            ref = a.handle.call.remote(a.number, msg)
-            a.number += 1
-            if task_id is not None:
-                if not a.held:
-                    a.head_ns = time.monotonic_ns()
-                a.held.append(task_id)
-                a.calls.put((ref, task_id))
+            if a is not None and not a.gone:
+                a.call(msg, task_id)
 
     def send_task(self, worker_id: int, task_id: int, indices: Any, epoch: int = 0) -> None:
         """Send a task: one actor call, whose result is its outcome."""
@@ -313,13 +283,17 @@ class RemotePool:
 
     def waitables(self) -> list[Any]:
         """The outbox's socket, armed (as a `ThreadPool`'s)."""
-        self._in_poll = True
+        self._in_use(sending=False)
         self._events.armed = True
         return [self._events]
 
     def pending(self) -> bool:
         """Whether events are queued."""
         return not self._events.queue.empty()
+
+    def exit_unreported(self) -> bool:
+        """Never known here: an actor's death is known when Ray says it (then queued)."""
+        return False
 
     def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
         """Every queued event of a current actor (or pool-wide), without blocking."""
@@ -328,7 +302,7 @@ class RemotePool:
 
     def wait(self, timeout_s: float | None) -> list[tuple[int, object]]:
         """Block until an event arrives or ``timeout_s`` passes. [Unit: second]"""
-        self._in_poll = True
+        self._in_use(sending=False)
         self._events.wait(timeout_s)
         return self.collect(())
 

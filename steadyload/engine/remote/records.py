@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import time
 from typing import Any
 
 from ...pickling import diagnose
@@ -81,12 +82,25 @@ class Actor:
         self.pid: int | None = None  # once its set-up began (`begin`)
         self.setup_ns = 0  # when its set-up began, on this process's clock
         self.set_up = False  # `Ready` came
+        self.sent: list[tuple[object, int | None]] | None = []  # its messages, until `Ready`
         self.node_id = ""
         self.address = ""
         self.gone = False
         self.busy_s = 0.0
         self.samples = 0
         self.rss: int | None = None
+
+    def call(self, msg: object, task_id: int | None) -> None:
+        """One numbered call (the pool holds its lock); a task's result is collected."""
+        ref = self.handle.call.remote(self.number, msg)
+        self.number += 1
+        if self.sent is not None:  # until it is set up (a give-back may send these again)
+            self.sent.append((msg, task_id))
+        if task_id is not None:
+            if not self.held:
+                self.head_ns = time.monotonic_ns()
+            self.held.append(task_id)
+            self.calls.put((ref, task_id))
 
     def progress(self) -> Progress:
         """What the actor is doing, inferred (pool.py's module docstring). Times are this

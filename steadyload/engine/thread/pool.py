@@ -330,6 +330,10 @@ class ThreadPool:
         """Whether events are queued (looked at after arming: none can slip between)."""
         return not self._events.queue.empty()
 
+    def exit_unreported(self) -> bool:
+        """Never: a thread's end is queued as it ends."""
+        return False
+
     def collect(self, ready: Collection[Any]) -> list[tuple[int, object]]:
         """Every queued event, without blocking; those of abandoned threads are dropped.
         Runs where Ctrl-C is held, so no dequeued event can be lost to it."""
