@@ -92,6 +92,13 @@ class Counted(Augmented):
         return dict(self.__dict__)
 
 
+def collated_where(samples: list[Any]) -> Any:
+    """torch's default_collate, and whether each collated tensor's storage is shared
+    memory where it was collated (default_collate asks for it in any worker)."""
+    batch = torch.utils.data.default_collate(samples)
+    return batch, torch.tensor([t.is_shared() for t in batch])
+
+
 def unsendable(batch: Any) -> Any:
     """A collate_fn whose batch no pickler can send (a lock)."""
     import threading

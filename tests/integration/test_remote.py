@@ -40,6 +40,7 @@ from tests.remote_datasets import (
     Hungry,
     Sharded,
     WithResource,
+    collated_where,
     hang_once_in_init,
     unsendable,
 )
@@ -464,6 +465,18 @@ def test_the_dataset_is_shipped_once_not_once_per_task(cluster: Ray) -> None:
     Counted.pickled = 0
     got = list(sl.DataLoader(Counted(40), batch_size=2, remote_workers=2))  # 20 tasks
     assert len(got) == 20 and Counted.pickled == 1
+
+
+def test_an_actor_collates_into_plain_memory_not_dev_shm(cluster: Ray) -> None:
+    """Ray pickles the batch: a /dev/shm segment per batch (torch's default in a worker)
+    would only cost, and an actor killed while torch names one would leave it behind."""
+    small = list(sl.DataLoader(Augmented(8), batch_size=4, remote_workers=1,
+                               collate_fn=collated_where))  # fmt: skip
+    big = list(sl.DataLoader(Big(8), batch_size=8, remote_workers=1,  # 8 MiB: numpy's memory
+                             collate_fn=collated_where))  # fmt: skip
+    flags = [flag for _, shared in small + big for flag in shared.tolist()]
+    assert len(flags) == 3 * 2 and not any(flags)
+    assert torch.equal(big[0][0][1][3], torch.full((512, 512), 3.0))
 
 
 def test_per_worker_resources_are_built_once_per_actor(cluster: Ray) -> None:

@@ -29,6 +29,7 @@ import numpy as np
 from ...diagnosis.describe import describe_exception, format_traceback
 from ..config import WorkerConfig
 from ..protocol import Done, Ready, Retire, StartFailed, Stop, Task
+from ..worker import torch_hooks
 from ..worker.memory_cap import MemoryCap, rss_bytes
 from ..worker.serve import serve
 from ..worker.status import IDLE, LOADING, POSITION, STAGE, STARTED_NS, TASK
@@ -161,6 +162,7 @@ class RemoteWorker:
             self.set_up.set()
             return
         link = RemoteLink(self, cfg)
+        torch_hooks.plain_shared_storage()  # Ray pickles the batch: no /dev/shm on the way
         try:
             # Process-wide: the actor's process is its own, as a worker process's is.
             serve(

@@ -6,7 +6,7 @@ tests/unit/test_private_apis.py that fails loudly if torch moves it).
 - Workers seeded as torch's ``_worker_loop`` seeds them (`seed_process`, `make_info`).
 - Shared storage (``UntypedStorage._new_shared``, which default_collate calls in workers)
   routed into a process worker's arena (`route_shared_storage`), or plain in a thread
-  worker (`install_per_thread`).
+  worker (`install_per_thread`) and a remote worker's actor (`plain_shared_storage`).
 - Whether torch's profiler runs (`profiler_enabled`).
 
 torch keeps one module global (`torch.utils.data._utils.worker._worker_info`), which is
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -141,7 +142,19 @@ def _install_inheritance() -> None:
 def _install_plain_storage() -> None:
     """In a thread worker, storage asked for as shared (default_collate does so whenever
     `get_worker_info()` is not None, to hand the batch to another process) is plain: the
-    batch stays in this process, and a /dev/shm segment per batch would only cost.
+    batch stays in this process, and a /dev/shm segment per batch would only cost."""
+    _plain_shared_storage(lambda: getattr(_threads, "info", None) is not None)
+
+
+def plain_shared_storage() -> None:
+    """In a remote worker's actor: storage asked for as shared is plain. Ray pickles the
+    batch to send it, so a /dev/shm segment per batch would only cost, and an actor killed
+    while torch names one (before it unlinks it) would leave the file behind."""
+    _plain_shared_storage(lambda: True)
+
+
+def _plain_shared_storage(plain: Callable[[], bool]) -> None:
+    """Route ``UntypedStorage._new_shared`` to plain CPU memory while ``plain()``.
 
     From 4 MiB it is numpy's memory, which numpy advises for transparent huge pages (where
     the kernel leaves them to ``madvise``, as Debian's does): fewer page faults and less
@@ -150,13 +163,13 @@ def _install_plain_storage() -> None:
     original = torch.UntypedStorage._new_shared
 
     def _new_shared(cls: type, size: int, *, device: Any = "cpu") -> torch.UntypedStorage:
-        if getattr(_threads, "info", None) is not None and torch.device(device).type == "cpu":
+        if plain() and torch.device(device).type == "cpu":
             if size >= _HUGE_PAGED_BYTES:
                 return torch.from_numpy(np.empty(size, np.uint8)).untyped_storage()
             return torch.UntypedStorage(size)
         return original(size, device=device)
 
-    torch.UntypedStorage._new_shared = classmethod(_new_shared)  # type: ignore[assignment,method-assign]  # deliberate, once (see install_per_thread)
+    torch.UntypedStorage._new_shared = classmethod(_new_shared)  # type: ignore[assignment,method-assign]  # deliberate, once per process
 
 
 def set_thread_info(info: Any) -> None:
