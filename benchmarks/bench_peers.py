@@ -480,7 +480,15 @@ def _table(
         if fixed and auto.get("rate"):
             print(
                 "  auto vs the better of sl-process/sl-thread "
-                f"({fixed}): {auto['rate'] / rows[fixed]['rate']:.2f}x"
+                f"({fixed}): {auto['rate'] / rows[fixed]['rate']:.2f}x "
+                f"({_spread(runs, workload, fixed)})"
+            )
+        if fixed and peers:
+            top = max(peers, key=lambda k: peers[k]["rate"])
+            print(
+                f"  {fixed} vs the best peer ({top}): "
+                f"{rows[fixed]['rate'] / peers[top]['rate']:.2f}x "
+                f"({_spread(runs, workload, top, fixed)})"
             )
         if peers and auto.get("rate"):
             best = max(peers, key=lambda k: peers[k]["rate"])
@@ -507,14 +515,17 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def _spread(
-    runs: dict[tuple[str, str], list[dict[str, Any]]], workload: str, fixed: str | None
+    runs: dict[tuple[str, str], list[dict[str, Any]]],
+    workload: str,
+    fixed: str | None,
+    kind: str = "sl-auto",
 ) -> str:
-    """The range of auto's rate over the better fixed kind's in the same repetition: how far
-    the run's noise moves the ratio (the medians' ratio is the figure)."""
-    autos, fixeds = runs.get((workload, "sl-auto"), []), runs.get((workload, fixed or ""), [])
-    if not autos or not fixeds:
+    """The range of ``kind``'s rate over ``fixed``'s in the same repetition: how far the
+    run's noise moves the ratio (the medians' ratio is the figure)."""
+    kinds, fixeds = runs.get((workload, kind), []), runs.get((workload, fixed or ""), [])
+    if not kinds or not fixeds:
         return "per repetition: -"
-    pairs = zip(autos, fixeds, strict=True)  # one run of each per repetition, in order
+    pairs = zip(kinds, fixeds, strict=True)  # one run of each per repetition, in order
     ratios = sorted(a["rate"] / f["rate"] for a, f in pairs if a.get("rate") and f.get("rate"))
     if not ratios:
         return "per repetition: -"
