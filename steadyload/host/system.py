@@ -212,14 +212,21 @@ def max_map_count() -> int | None:
         return None
 
 
-def process_state(pid: int) -> str | None:
-    """The process state letter from /proc (R, S, D, T stopped, t traced, Z...); None if gone."""
+def proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the process name (field 3 on: the state
+    first, utime and stime at 11 and 12); None if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
-    return stat[stat.rfind(b")") + 2 :][:1].decode() or None  # the name may hold spaces
+    return stat.rsplit(b")", 1)[-1].split()  # the name may hold spaces and parentheses
+
+
+def process_state(pid: int) -> str | None:
+    """The process state letter from /proc (R, S, D, T stopped, t traced, Z...); None if gone."""
+    fields = proc_stat(pid)
+    return fields[0].decode() if fields else None
 
 
 def pidfd_open(pid: int | None) -> int | None:

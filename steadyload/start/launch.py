@@ -26,7 +26,7 @@ from collections.abc import Callable
 from multiprocessing import context, forkserver, popen_forkserver, process, reduction, spawn, util
 from typing import Any
 
-from ..host.system import process_state
+from ..host.system import proc_stat, process_state
 
 STALL_S = 120.0
 """How long a fork server may make no progress at all (neither CPU time nor reads) before
@@ -65,10 +65,9 @@ def server_progress(pid: int) -> tuple[int, int]:
     """(CPU ticks, bytes read) of process ``pid`` so far; what cannot be read counts 0."""
     ticks = read = 0
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[-1].split()
+        fields = proc_stat(pid) or []
         ticks = int(fields[11]) + int(fields[12])  # utime + stime
-    except (OSError, IndexError, ValueError):
+    except (IndexError, ValueError):
         pass
     try:
         with open(f"/proc/{pid}/io", "rb") as f:
