@@ -20,7 +20,9 @@ Every run is a fresh process, in either shape: time to the first batch ("first":
 built to batch in hand; the imports and one garbage collection are done before), peak PSS
 of the process tree (sampled every 100 ms), and a checksum of every batch, compared with
 torch's in-process batches ("same" column). Repetitions are interleaved: rep 1 of every
-loader, then rep 2, ...; medians are shown.
+loader, then rep 2, ... in the reverse order, then forward again (so no loader always runs
+right after the same one: a slow patch of the machine, or what a run leaves the kernel to
+tidy, falls on different loaders); medians are shown.
 
 Shapes (``--shape``, default both; ``--json`` keeps the steady shape's keys ``runs``,
 ``summary`` and ``reps`` and adds the short shape's ``short_runs``, ``short_summary`` and
@@ -422,7 +424,8 @@ def _measure(
         batches = SHAPES[shape][workload][2 if quick else 1]
         reference = _run_child(workload, "reference", batches, shape)
         for rep in range(reps):
-            for kind in loaders:  # interleaved: one of each, then again
+            # Interleaved: one of each, then again in the reverse order (see above).
+            for kind in loaders if rep % 2 == 0 else loaders[::-1]:
                 began = time.perf_counter()
                 r = _run_child(workload, kind, batches, shape)
                 r["same"] = r.get("sums") == reference.get("sums")

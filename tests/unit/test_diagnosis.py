@@ -86,6 +86,28 @@ def test_cgroup_files_are_read(tmp_path, monkeypatch) -> None:  # type: ignore[n
     assert system.cgroup_memory().limit_bytes is None
 
 
+def test_available_memory_is_read_without_importing_psutil() -> None:
+    """The loader asks on its first batch (memory/advice.py's check): importing psutil then
+    would delay that batch by tens of milliseconds."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    code = (
+        "import sys; from steadyload.host.system import available_memory_bytes; "
+        "print(available_memory_bytes(), 'psutil' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    ).stdout.split()
+    assert out[1] == "False"
+    available, expected = int(out[0]), psutil.virtual_memory().available
+    assert 0 < available <= 1.1 * expected  # a cgroup limit may cap it further
+
+
 def test_sizes_parse() -> None:
     from steadyload.host.system import parse_bytes
 
