@@ -117,8 +117,8 @@ def available_memory_bytes() -> int | None:
 
 def _mem_available() -> int | None:
     """Linux's own estimate, ``MemAvailable`` in /proc/meminfo (what psutil reports there),
-    read directly: the loader asks on its first batch, and importing psutil then would
-    delay that batch by tens of milliseconds. None where there is none. [Unit: byte]"""
+    read directly: the loader asks on its first batch, which would otherwise wait for
+    psutil's import (CHANGELOG, #38). None where there is none. [Unit: byte]"""
     try:
         with open("/proc/meminfo", "rb") as f:
             for line in f:

@@ -87,8 +87,8 @@ def test_cgroup_files_are_read(tmp_path, monkeypatch) -> None:  # type: ignore[n
 
 
 def test_available_memory_is_read_without_importing_psutil() -> None:
-    """The loader asks on its first batch (memory/advice.py's check): importing psutil then
-    would delay that batch by tens of milliseconds."""
+    """The loader asks on its first batch (memory/advice.py's check), which must not wait
+    for psutil's import."""
     import os
     import subprocess
     import sys
