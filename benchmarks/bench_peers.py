@@ -480,21 +480,20 @@ def _table(
         }
         auto = rows.get("sl-auto", {})
         fixed = _better(rows, "rate")
+        best = max(peers, key=lambda k: peers[k]["rate"]) if peers else None
         if fixed and auto.get("rate"):
             print(
                 "  auto vs the better of sl-process/sl-thread "
                 f"({fixed}): {auto['rate'] / rows[fixed]['rate']:.2f}x "
                 f"({_spread(runs, workload, fixed)})"
             )
-        if fixed and peers:
-            top = max(peers, key=lambda k: peers[k]["rate"])
+        if fixed and best:
             print(
-                f"  {fixed} vs the best peer ({top}): "
-                f"{rows[fixed]['rate'] / peers[top]['rate']:.2f}x "
-                f"({_spread(runs, workload, top, fixed)})"
+                f"  {fixed} vs the best peer ({best}): "
+                f"{rows[fixed]['rate'] / peers[best]['rate']:.2f}x "
+                f"({_spread(runs, workload, best, fixed)})"
             )
-        if peers and auto.get("rate"):
-            best = max(peers, key=lambda k: peers[k]["rate"])
+        if best and auto.get("rate"):
             lean = min(peers, key=lambda k: peers[k]["peak_pss"])
             fork_first = rows.get("torch-fork", {}).get("first_s")
             print(
@@ -520,16 +519,16 @@ def _ratio(a: float | None, b: float | None) -> str:
 def _spread(
     runs: dict[tuple[str, str], list[dict[str, Any]]],
     workload: str,
-    fixed: str | None,
+    base: str | None,
     kind: str = "sl-auto",
 ) -> str:
-    """The range of ``kind``'s rate over ``fixed``'s in the same repetition: how far the
+    """The range of ``kind``'s rate over ``base``'s in the same repetition: how far the
     run's noise moves the ratio (the medians' ratio is the figure)."""
-    kinds, fixeds = runs.get((workload, kind), []), runs.get((workload, fixed or ""), [])
-    if not kinds or not fixeds:
+    kinds, bases = runs.get((workload, kind), []), runs.get((workload, base or ""), [])
+    if not kinds or not bases:
         return "per repetition: -"
-    pairs = zip(kinds, fixeds, strict=True)  # one run of each per repetition, in order
-    ratios = sorted(a["rate"] / f["rate"] for a, f in pairs if a.get("rate") and f.get("rate"))
+    pairs = zip(kinds, bases, strict=True)  # one run of each per repetition, in order
+    ratios = sorted(a["rate"] / b["rate"] for a, b in pairs if a.get("rate") and b.get("rate"))
     if not ratios:
         return "per repetition: -"
     return f"per repetition {ratios[0]:.2f}-{ratios[-1]:.2f}x"
