@@ -9,6 +9,7 @@ tested with injected measurements (tests/unit/test_worker_kind.py).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,35 @@ def test_a_process_killed_before_the_hand_over_to_threads_loses_and_repeats_noth
     report = loader.report()
     assert [r.cause for r in report.restarts] == ["killed by SIGKILL"]
     assert report.worker_kind == "thread" and (tmp_path / "k").exists()
+
+
+class BigSamples(MapDS):
+    """Sample i: 5 MiB of float i (a batch of 2 is 10 MiB, past `BIG_BATCH_BYTES`)."""
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((5 << 18,), float(i))
+
+
+def test_auto_keeps_processes_for_big_batches_once_each_worker_loaded_one() -> None:
+    """No GIL figures are waited for: one batch from each worker decides, and the probes
+    and draw checks stop there (`SETTLED`)."""
+    loader = sl.DataLoader(BigSamples(16), batch_size=2, num_workers=2, worker_type="auto")
+    it = iter(loader)
+    firsts = [next(it)[:, 0].tolist() for _ in range(2)]  # one from each worker
+    assert it._pool._kept  # type: ignore[attr-defined]
+    assert all(h.status._fields[SETTLED] == 1 for h in it._pool._procs._live)  # type: ignore[attr-defined]
+    rest = [batch[:, 0].tolist() for batch in it]
+    assert firsts + rest == [[float(i), float(i + 1)] for i in range(0, 16, 2)]
+    report = loader.report()
+    assert report.worker_kind == "process" and report.start_method == "zygote", report
+    assert re.fullmatch(  # 2, or more if one worker ran ahead of the other
+        r"worker_type='auto' chose process workers: the first \d batches average 10 MiB: "
+        r"handing batches this big over to thread workers costs about what threads save "
+        r"over a long epoch and more over a short one \(the process workers finish the "
+        r"batches they hold beside the new threads, then exit\), so processes are kept "
+        r"whatever the GIL does",
+        report.worker_type_choice or "",
+    ), report.worker_type_choice
 
 
 class WaitsAndDraws(MapDS):

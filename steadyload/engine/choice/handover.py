@@ -205,10 +205,12 @@ class HandoverPool(RoutedPool):
             choice = chose("process", _SEEDED)
         elif draws_globally or drew:
             choice = chose("process", _DRAWS)
+        elif on == "process" and (big := self._on_procs.big_batches()) is not None:
+            choice = big
         else:
             choice = live_choice(measured, self._num_workers, figures, on=on)
-            if choice is not None and on == "process":  # none until every worker checked draws
-                choice = None if drew is None else self._on_procs.keep_big_batches(choice)
+            if choice is not None and on == "process" and drew is None:
+                choice = None  # not until every worker has checked for draws
         if choice is None:
             if (
                 on == "thread"

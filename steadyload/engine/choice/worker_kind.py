@@ -89,10 +89,10 @@ MIN_PROCESS_BATCH_S = 0.5e-3
 worker's batch has a cost of its own to the main process (receive, rebuild, bookkeeping),
 so below this threads stay ahead."""
 BIG_BATCH_BYTES = 8 << 20
-"""Measured on processes, GIL-free batches from this size on stay there: a thread worker
-makes each batch in fresh memory of the training process (its page faults contend with the
-training loop), a process worker in shared memory it reuses (between the 4.8 MB batches of
-JPEG decode, faster on threads, and 19 MB batches, faster on processes, as measured)."""
+"""Measured on processes, batches from this size on stay there, whatever the GIL does: a
+hand-over to threads costs about what threads save over a long epoch, and more than that
+over a short one (between the 4.8 MB batches of JPEG decode, where it pays, and 19 MB
+batches, where it did not, as measured). So one batch from each worker decides them."""
 CLEAR_PROBES = 10  # enough probes when the share is past CLEAR_BUSY_SHARE
 CLEAR_BUSY_SHARE = 0.8
 """A held share this far above the line decides for processes without waiting for the
@@ -136,7 +136,8 @@ class ProcessFigures:
 
     def __init__(self, workers: int) -> None:
         self._workers = workers
-        self._tasks, self._samples, self._wall, self._bytes = 0, 0, 0.0, 0
+        self._tasks, self._samples, self._wall = 0, 0, 0.0
+        self._batches, self._bytes = 0, 0  # every batch, set-up included: its size is the same
         self._set_up: set[int] = set()  # worker ids past their first task
 
     def note(self, worker_id: int, event: object) -> None:
@@ -144,12 +145,13 @@ class ProcessFigures:
         done = getattr(event, "done", None)  # a `Received` batch
         if done is None:
             return
+        self._batches += 1
+        self._bytes += _tensor_bytes(getattr(event, "batch", None))
         if worker_id not in self._set_up:
             self._set_up.add(worker_id)
             return
         self._tasks, self._samples = self._tasks + 1, self._samples + done.samples
         self._wall += done.load_s
-        self._bytes += _tensor_bytes(getattr(event, "batch", None))
 
     def respawned(self, worker_id: int) -> None:
         """A new process for ``worker_id``: its first task is its set-up again."""
@@ -174,19 +176,21 @@ class ProcessFigures:
             return True
         return None if any(p.drew == UNCHECKED for p in progress) else False
 
-    def keep_big_batches(self, choice: WorkerChoice) -> WorkerChoice:
-        """``choice``, unless it is threads for batches of `BIG_BATCH_BYTES` or more: those
-        stay on processes (see the constant)."""
-        per_batch = self._bytes / max(self._tasks, 1)
-        if choice.kind != "thread" or per_batch < BIG_BATCH_BYTES:
-            return choice
-        why = choice.reason.removeprefix("worker_type='auto' chose thread workers: ")
+    def big_batches(self) -> WorkerChoice | None:
+        """Processes, once every worker has loaded a batch and they average
+        `BIG_BATCH_BYTES` or more (see the constant); else None."""
+        if len(self._set_up) < self._workers:
+            return None
+        per_batch = self._bytes / max(self._batches, 1)
+        if per_batch < BIG_BATCH_BYTES:
+            return None
         return chose(
             "process",
-            f"{why.split(': the GIL')[0]}, but a batch is {per_batch / 2**20:.0f} MiB: thread "
-            "workers make each one in fresh memory of this process (page faults beside the "
-            "training loop), a process worker in shared memory it reuses, so processes "
-            "load batches this big faster",
+            f"the first {self._batches} batches average {per_batch / 2**20:.0f} MiB: handing "
+            "batches this big over to thread workers costs about what threads save over a "
+            "long epoch and more over a short one (the process workers finish the batches "
+            "they hold beside the new threads, then exit), so processes are kept whatever "
+            "the GIL does",
         )
 
 
