@@ -205,12 +205,10 @@ class HandoverPool(RoutedPool):
             choice = chose("process", _SEEDED)
         elif draws_globally or drew:
             choice = chose("process", _DRAWS)
-        elif on == "process" and (big := self._on_procs.big_batches()) is not None:
-            choice = big
-        else:
-            choice = live_choice(measured, self._num_workers, figures, on=on)
-            if choice is not None and on == "process" and drew is None:
-                choice = None  # not until every worker has checked for draws
+        else:  # on processes big batches decide alone; the rest waits for every draw check
+            big = self._on_procs.big_batches() if on == "process" else None
+            choice = big or live_choice(measured, self._num_workers, figures, on=on)
+            choice = None if big is None and on == "process" and drew is None else choice
         if choice is None:
             if (
                 on == "thread"
