@@ -205,17 +205,14 @@ class HandoverPool(RoutedPool):
             choice = chose("process", _SEEDED)
         elif draws_globally or drew:
             choice = chose("process", _DRAWS)
-        else:  # on processes big batches decide alone; the rest waits for every draw check
+        elif on == "process" and drew is None:  # big batches decide alone; the rest waits
+            choice = self._on_procs.big_batches()  # for every worker's draw check
+        else:
             big = self._on_procs.big_batches() if on == "process" else None
             choice = big or live_choice(measured, self._num_workers, figures, on=on)
-            choice = None if big is None and on == "process" and drew is None else choice
         if choice is None:
-            if (
-                on == "thread"
-                and self._helper is None
-                and self._start_failure is None
-                and leans_to_processes(measured, figures)
-            ):
+            ahead = on == "thread" and self._helper is None and self._start_failure is None
+            if ahead and leans_to_processes(measured, figures):
                 self._start_processes()  # ahead of the choice: ready when it is made
             return
         self._choice = choice
