@@ -812,3 +812,32 @@ class SeedSeen(Dataset[Any]):
 
     def __getitem__(self, i: int) -> Any:
         return torch.tensor([i, torch.initial_seed()], dtype=torch.int64)
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far (Linux ``/proc/self/stat``, field 10)."""
+    with open("/proc/self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+class CountsFaults(Dataset[Any]):
+    """600 KB float samples, with this process's minor page faults when loading began."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((3, 224, 224), float(i)), minor_faults()
+
+
+def heap_thresholds_of_one_sample(worker_id: int) -> None:
+    """glibc as a worker can find itself: the largest mapping it freed was about one sample
+    (mmap threshold 256 KiB, free heap beyond 512 KiB given back). Set, so not by luck."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.mallopt(-3, 256 << 10)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 512 << 10)  # M_TRIM_THRESHOLD

@@ -121,10 +121,9 @@ def test_auto_keeps_processes_for_big_batches_once_each_worker_loaded_one() -> N
     assert report.worker_kind == "process" and report.start_method == "zygote", report
     assert re.fullmatch(  # 2, or more if one worker ran ahead of the other
         r"worker_type='auto' chose process workers: the first \d batches average 10 MiB: "
-        r"handing batches this big over to thread workers costs about what threads save "
-        r"over a long epoch and more over a short one \(the process workers finish the "
-        r"batches they hold beside the new threads, then exit\), so processes are kept "
-        r"whatever the GIL does",
+        r"process workers deliver batches this big at least as fast as thread workers \(each "
+        r"is written once, into shared memory\) and a hand-over would cost its own stop, so "
+        r"processes are kept whatever the GIL does",
         report.worker_type_choice or "",
     ), report.worker_type_choice
 

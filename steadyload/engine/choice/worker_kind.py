@@ -89,10 +89,11 @@ MIN_PROCESS_BATCH_S = 0.5e-3
 worker's batch has a cost of its own to the main process (receive, rebuild, bookkeeping),
 so below this threads stay ahead."""
 BIG_BATCH_BYTES = 8 << 20
-"""Measured on processes, batches from this size on stay there, whatever the GIL does: a
-hand-over to threads costs about what threads save over a long epoch, and more than that
-over a short one (between the 4.8 MB batches of JPEG decode, where it pays, and 19 MB
-batches, where it did not, as measured). So one batch from each worker decides them."""
+"""Measured on processes, batches from this size on stay there, whatever the GIL does:
+process workers deliver them at least as fast as threads (each is written once, into
+shared memory, and the worker's heap keeps its samples, host/heap.py), and a hand-over
+would cost its own stop besides (between the 4.8 MB batches of JPEG decode, where threads
+win, and 19 MB ones, as measured). So one batch from each worker decides them."""
 CLEAR_PROBES = 10  # enough probes when the share is past CLEAR_BUSY_SHARE
 CLEAR_BUSY_SHARE = 0.8
 """A held share this far above the line decides for processes without waiting for the
@@ -186,11 +187,10 @@ class ProcessFigures:
             return None
         return chose(
             "process",
-            f"the first {self._batches} batches average {per_batch / 2**20:.0f} MiB: handing "
-            "batches this big over to thread workers costs about what threads save over a "
-            "long epoch and more over a short one (the process workers finish the batches "
-            "they hold beside the new threads, then exit), so processes are kept whatever "
-            "the GIL does",
+            f"the first {self._batches} batches average {per_batch / 2**20:.0f} MiB: process "
+            "workers deliver batches this big at least as fast as thread workers (each is "
+            "written once, into shared memory) and a hand-over would cost its own stop, so "
+            "processes are kept whatever the GIL does",
         )
 
 

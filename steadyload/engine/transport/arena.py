@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ...host import limits
+from ...host.heap import HeapFit
 from . import storage_table
 
 _ALIGN = 64
@@ -76,6 +77,7 @@ class Arena:
         self._tasks_sent = 0
         self._ends = (0, 0, 0)
         self._pinned: tuple[int, ...] = ()
+        self._heap = HeapFit()
 
     # -- segment bookkeeping -------------------------------------------------------------
     def release(self, freed: tuple[int, ...]) -> None:
@@ -220,6 +222,7 @@ class Arena:
         if self._used:
             # Size the next batch's segment by this one, with room to grow.
             self._hint = max(_MIN_SEGMENT, self._used + self._used // 4)
+            self._heap.batch(self._used)  # its samples stay in the heap for the next one
         new = [s for s in task if s.fd is not None] if sent else []
         if sent:
             self._tasks_sent += 1
