@@ -18,7 +18,7 @@ samples between batches, which the worker held at its peak anyway.
 from __future__ import annotations
 
 import ctypes
-import platform
+import os
 from collections.abc import Callable
 
 __all__ = ["FIT_FROM", "HeapFit"]
@@ -31,11 +31,11 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (ma
 
 def _glibc_mallopt() -> Callable[[int, int], int] | None:
     """glibc's ``mallopt``; None elsewhere (musl, macOS: their heaps work otherwise)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return None
     try:
+        if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+            return None
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (ValueError, OSError, AttributeError):  # no such confstr name, or no mallopt
         return None
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
@@ -44,26 +44,30 @@ def _glibc_mallopt() -> Callable[[int, int], int] | None:
 
 class HeapFit:
     """Fits a process's glibc heap thresholds to the biggest batch seen; one per worker
-    process. ``mallopt`` is injectable for tests."""
+    process. ``mallopt`` is injectable for tests; glibc's is looked up at the first batch
+    from `FIT_FROM` (a worker of small batches never loads it)."""
 
     def __init__(self, mallopt: Callable[[int, int], int] | None = None) -> None:
-        self._mallopt = mallopt if mallopt is not None else _glibc_mallopt()
+        self._mallopt = mallopt
+        self._looked_up = mallopt is not None
         self.threshold = 0
         """The mmap threshold set so far (0: glibc's own rule still runs). [Unit: byte]"""
 
     def batch(self, nbytes: int) -> None:
         """A batch of ``nbytes`` went out: from `FIT_FROM`, allocations up to a quarter more
         than it come from the heap, and twice that may stay free there (only ever grows)."""
-        if self._mallopt is None or nbytes < FIT_FROM:
+        if nbytes < FIT_FROM:
             return
+        if not self._looked_up:
+            self._mallopt, self._looked_up = _glibc_mallopt(), True
         threshold = min(_MMAP_MAX, nbytes + nbytes // 4)
-        if threshold <= self.threshold:
+        if self._mallopt is None or threshold <= self.threshold:
             return
-        # Each call fixes its value and stops glibc's dynamic rule (both would be needed:
-        # a fixed trim threshold alone leaves samples above 128 KiB mapped one by one).
+        # Each call fixes its value and stops glibc's dynamic rule (both are needed: a
+        # fixed trim threshold alone leaves samples above 128 KiB mapped one by one).
         if self._mallopt(_M_MMAP_THRESHOLD, threshold) and self._mallopt(
             _M_TRIM_THRESHOLD, 2 * threshold
         ):
             self.threshold = threshold
-        else:  # refused: leave glibc as it was chosen to be, and do not ask again
+        else:  # refused: leave glibc as it was, and do not ask again
             self._mallopt = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from steadyload.host import heap
 from steadyload.host.heap import FIT_FROM, HeapFit
 
@@ -57,9 +59,19 @@ def test_a_refusal_is_not_asked_again() -> None:
     assert mallopt.calls == [(MMAP, 5 * MIB)] and fit.threshold == 0
 
 
-def test_glibcs_mallopt_is_found_on_glibc_only(monkeypatch) -> None:
-    monkeypatch.setattr(heap.platform, "libc_ver", lambda: ("musl", ""))
+def test_glibcs_mallopt_is_looked_up_at_the_first_big_batch_and_on_glibc_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    looked_up: list[int] = []
+    monkeypatch.setattr(heap, "_glibc_mallopt", lambda: looked_up.append(1))
+    fit = HeapFit()
+    fit.batch(FIT_FROM - 1)
+    assert looked_up == []
+    fit.batch(FIT_FROM)
+    fit.batch(2 * FIT_FROM)
+    assert looked_up == [1] and fit.threshold == 0  # None: nothing set, asked once
+    monkeypatch.undo()
+    monkeypatch.setattr(heap.os, "confstr", lambda name: "musl")
     assert heap._glibc_mallopt() is None
-    monkeypatch.setattr(heap.platform, "libc_ver", lambda: ("glibc", "2.36"))
-    monkeypatch.setattr(heap.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(heap.os, "confstr", lambda name: "glibc 2.36")
     assert callable(heap._glibc_mallopt())
