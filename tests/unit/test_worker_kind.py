@@ -247,6 +247,26 @@ def test_the_rule_reads_a_probe_inside_process_workers_the_same_way() -> None:
         "worker_type='auto' chose process workers: while 2 process workers loaded 600 batches")
 
 
+def test_on_processes_cheap_samples_have_their_own_batch_line() -> None:
+    """Inside a process a tiny sample costs a fraction of what threads taking turns at the
+    GIL pay: the steady tiny row's batches of 64 (5-6 us a sample, 0.32-0.39 ms a batch
+    inside processes) went to threads against the threads' line, though processes loaded
+    them faster. Against the processes' own line they stay, from the first figures."""
+    batch_of_64 = (4, 4 * 64, 4 * 0.35e-3)  # two batches each, past the set-up
+    kept = live_choice(batch_of_64, 2, _probe(0, 0.0), on="process")
+    assert kept is not None and kept.kind == "process"
+    assert "and a batch (0.3 ms) is worth sending" in kept.reason
+    line = worker_kind.MIN_PROCESS_BATCH_ON_PROCESSES_S
+    assert line < 0.35e-3 < worker_kind.MIN_PROCESS_BATCH_S  # on threads it would not be
+    # Below the processes' line: threads, but only on the full figures (never a pause's).
+    small = (4, 4 * 16, 4 * 0.08e-3)  # batches of 16: 80 us inside processes
+    assert live_choice(small, 2, _probe(0, 0.0), on="process") is None
+    full = (3000, 3000 * 16, 3000 * 0.08e-3)  # past MIN_WALL_S of loading time
+    handed = live_choice(full, 2, _probe(0, 0.0), on="process")
+    assert handed is not None and handed.kind == "thread"
+    assert "a sample took 5 us, but a batch only 80 us, less than" in handed.reason
+
+
 def test_on_processes_a_clearly_free_gil_hands_over_after_one_measured_batch_each() -> None:
     """Every batch more on processes is one on the slower kind for GIL-free work: a share
     far below the line (`CLEAR_FREE_SHARE`) decides once each worker loaded one measured

@@ -47,9 +47,11 @@ per thread and `EARLY_WALL_S`; and the process workers are started as soon as th
 figures lean that way (`leans_to_processes`; from the zygote that is milliseconds), so
 that they are ready when the choice is made, and stopped again if it is threads.
 
-The same lines serve both: measured inside a process worker, GIL-bound work found the GIL
-held as often as thread workers found it (and GIL-free work as rarely), and cheap samples
-read as they do on threads; figures in docs/design/figures.md#auto. The early choices
+The same GIL lines serve both: measured inside a process worker, GIL-bound work found the
+GIL held as often as thread workers found it (and GIL-free work as rarely). Cheap samples
+do not read the same: inside a process a tiny sample costs a fraction of what it costs
+threads taking turns at the GIL, so their batch line there is its own
+(`MIN_PROCESS_BATCH_ON_PROCESSES_S`); figures in docs/design/figures.md#auto. The early choices
 below matter to the threads-first path; on processes nothing is lost while figures come in.
 
 Every constant below is a line drawn between measured figures; the figures are in
@@ -88,6 +90,10 @@ MIN_PROCESS_BATCH_S = 0.5e-3
 """The cost of a batch to the threads from which cheap samples go to processes: a process
 worker's batch has a cost of its own to the main process (receive, rebuild, bookkeeping),
 so below this threads stay ahead."""
+MIN_PROCESS_BATCH_ON_PROCESSES_S = 0.15e-3
+"""The same line measured inside process workers, where a cheap sample costs a fraction
+of what it costs threads taking turns at the GIL: the cost of receiving a batch itself (a
+batch that loads faster than the main process receives it is not worth sending)."""
 BIG_BATCH_BYTES = 8 << 20
 """Measured on processes, batches from this size on stay there, whatever the GIL does:
 process workers deliver them at least as fast as threads (each is written once, into
@@ -270,14 +276,15 @@ def live_choice(
     full = tasks >= MIN_TASKS_PER_WORKER * workers and wall >= MIN_WALL_S
     per_sample, per_batch = wall / max(samples, 1), wall / tasks
     if per_sample < CHEAP_SAMPLE_S:
-        clearly = (1 if kept else 2) * MIN_PROCESS_BATCH_S
+        line = MIN_PROCESS_BATCH_ON_PROCESSES_S if kept else MIN_PROCESS_BATCH_S
+        clearly = (1 if kept else 2) * line
         if not full and per_batch < clearly:
             return None  # not clearly worth sending yet: wait for the full figures
         loaded = (
             f"while {workers} {on} workers loaded {tasks} batches, a sample took "
             f"{per_sample * 1e6:.0f} us"
         )
-        if per_batch >= MIN_PROCESS_BATCH_S:
+        if per_batch >= line:
             return chose(
                 "process",
                 f"{loaded}: samples this cheap are mostly interpreter "
