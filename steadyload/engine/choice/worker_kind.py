@@ -98,8 +98,8 @@ BIG_BATCH_BYTES = 8 << 20
 """Measured on processes, batches from this size on stay there, whatever the GIL does:
 process workers deliver them at least as fast as threads (each is written once, into
 shared memory, and the worker's heap keeps its samples, host/heap.py), and a hand-over
-would cost its own stop besides (between the 4.8 MB batches of JPEG decode, where threads
-win, and 19 MB ones, as measured). So one batch from each worker decides them."""
+would cost its own stop besides (a line between the 4.8 MB batches of JPEG decode and
+19 MB ones, as measured). So one batch from each worker decides them."""
 CLEAR_PROBES = 10  # enough probes when the share is past CLEAR_BUSY_SHARE
 CLEAR_BUSY_SHARE = 0.8
 """A held share this far above the line decides for processes without waiting for the
