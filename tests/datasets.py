@@ -815,9 +815,10 @@ class SeedSeen(Dataset[Any]):
 
 
 def minor_faults() -> int:
-    """This process's minor page faults so far (Linux ``/proc/self/stat``, field 10)."""
-    with open("/proc/self/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[7])
+    """This process's minor page faults so far."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 class CountsFaults(Dataset[Any]):
