@@ -358,6 +358,27 @@ def test_big_thread_batches_outlive_their_loader_and_behave_as_torch_worker_batc
         kept[1].resize_(8, 3, 512, 512)
 
 
+def test_big_thread_batches_memory_is_given_again_only_once_a_batch_is_gone() -> None:
+    # Every third batch is kept to the end: its memory must never be lent to a later one.
+    from steadyload.host.slabs import SLABS
+
+    made, again = SLABS.made, SLABS.lent_again
+    loader = sl.DataLoader(Images(96), batch_size=4, num_workers=2, worker_type="thread")
+    kept = []
+    for i, batch in enumerate(loader):
+        assert torch.equal(batch[:, 0, 0, 0], torch.arange(4 * i, 4 * i + 4, dtype=torch.float))
+        if i % 3 == 0:
+            kept.append((i, batch))
+    for i, batch in kept:
+        assert _same(batch, torch.stack([Images(96)[j] for j in range(4 * i, 4 * i + 4)]))
+    # 24 batches from fewer slabs than batches: given again; the kept ones (8) and those in
+    # flight at once (2 workers x prefetch 2, one each collating, the loop's) bound the count.
+    assert SLABS.lent_again > again and SLABS.made - made <= len(kept) + 7
+    del loader, batch
+    gc.collect()
+    assert SLABS.free_bytes == 0  # the threads stopped: nothing kept
+
+
 def test_a_worker_killed_across_the_hand_over_loses_and_repeats_nothing(
     force_auto: Any, tmp_path: Path
 ) -> None:

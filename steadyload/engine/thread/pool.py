@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from ...host.slabs import SLABS
 from ...pickling import not_copyable
 from ..config import WorkerConfig
 from ..events import Died, GlobalRngDrawn
@@ -196,6 +197,7 @@ class ThreadPool:
             # thread workers: at least its stacks, the dataset's frames among them, are told.
             faulthandler.enable(all_threads=True)
         _live_pools.add(self)
+        SLABS.open(self)  # big batches' memory is given again while these threads run
         self._spawn_set_up(range(self._num_workers))
         self.running = True
 
@@ -250,6 +252,7 @@ class ThreadPool:
         exit `_stop_at_exit` waits for it), so an error is raised without waiting for it."""
         self.running = False
         _live_pools.discard(self)
+        SLABS.close(self)
         live = [w for w in self._workers if w is not None]
         self._workers = [None] * self._num_workers
         for w in live:

@@ -36,6 +36,7 @@ import torch
 from torch.utils.data._utils import worker as _torch_worker
 
 from ..._seeding import worker_rng
+from ...host.slabs import SLAB_FROM, SLABS
 
 
 class _WorkerOfThread(threading.local):
@@ -122,9 +123,6 @@ def install_per_thread() -> None:
         _install_inheritance()
 
 
-_HUGE_PAGED_BYTES = 4 << 20  # from where numpy asks for transparent huge pages (madvise)
-
-
 def _install_inheritance() -> None:
     """Threads started from a thread worker answer `get_worker_info()` as that worker:
     ``threading.Thread.start`` notes the starting thread's worker info on the new thread."""
@@ -156,16 +154,16 @@ def plain_shared_storage() -> None:
 def _plain_shared_storage(plain: Callable[[], bool]) -> None:
     """Route ``UntypedStorage._new_shared`` to plain CPU memory while ``plain()``.
 
-    From 4 MiB it is numpy's memory, which numpy advises for transparent huge pages (where
-    the kernel leaves them to ``madvise``, as Debian's does): fewer page faults and less
-    system time for big batches (docs/design/figures.md#threads). Like the shared storage of
+    From `SLAB_FROM` it is a slab of `SLABS`, given again to a later batch once this one is
+    gone (kept only while thread workers run), and numpy's memory, which numpy advises for
+    transparent huge pages (docs/design/figures.md#threads). Like the shared storage of
     torch's worker processes, it cannot grow (``resize_`` within its size works)."""
     original = torch.UntypedStorage._new_shared
 
     def _new_shared(cls: type, size: int, *, device: Any = "cpu") -> torch.UntypedStorage:
         if plain() and torch.device(device).type == "cpu":
-            if size >= _HUGE_PAGED_BYTES:
-                return torch.from_numpy(np.empty(size, np.uint8)).untyped_storage()
+            if size >= SLAB_FROM:
+                return torch.from_numpy(SLABS.take(size)).untyped_storage()
             return torch.UntypedStorage(size)
         return original(size, device=device)
 
