@@ -121,9 +121,9 @@ def test_auto_keeps_processes_for_big_batches_once_each_worker_loaded_one() -> N
     assert report.worker_kind == "process" and report.start_method == "zygote", report
     assert re.fullmatch(  # 2, or more if one worker ran ahead of the other
         r"worker_type='auto' chose process workers: the first \d batches average 10 MiB: "
-        r"process workers deliver batches this big at least as fast as thread workers \(each "
-        r"is written once, into shared memory\) and a hand-over would cost its own stop, so "
-        r"processes are kept whatever the GIL does",
+        r"process workers deliver batches this big about as fast as thread workers \(each "
+        r"is written once, into shared memory\) and a hand-over's stop costs more than "
+        r"threads would save, so processes are kept whatever the GIL does",
         report.worker_type_choice or "",
     ), report.worker_type_choice
 

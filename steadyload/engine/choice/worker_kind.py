@@ -96,9 +96,9 @@ of what it costs threads taking turns at the GIL: the cost of receiving a batch 
 batch that loads faster than the main process receives it is not worth sending)."""
 BIG_BATCH_BYTES = 8 << 20
 """Measured on processes, batches from this size on stay there, whatever the GIL does:
-process workers deliver them at least as fast as threads (each is written once, into
-shared memory, and the worker's heap keeps its samples, host/heap.py), and a hand-over
-would cost its own stop besides (a line between the 4.8 MB batches of JPEG decode and
+process workers deliver them about as fast as threads (each is written once, into shared
+memory, and the worker's heap keeps its samples, host/heap.py), and a hand-over's stop
+costs more than threads would save (a line between the 4.8 MB batches of JPEG decode and
 19 MB ones, as measured). So one batch from each worker decides them."""
 CLEAR_PROBES = 10  # enough probes when the share is past CLEAR_BUSY_SHARE
 CLEAR_BUSY_SHARE = 0.8
@@ -194,9 +194,9 @@ class ProcessFigures:
         return chose(
             "process",
             f"the first {self._batches} batches average {per_batch / 2**20:.0f} MiB: process "
-            "workers deliver batches this big at least as fast as thread workers (each is "
-            "written once, into shared memory) and a hand-over would cost its own stop, so "
-            "processes are kept whatever the GIL does",
+            "workers deliver batches this big about as fast as thread workers (each is "
+            "written once, into shared memory) and a hand-over's stop costs more than "
+            "threads would save, so processes are kept whatever the GIL does",
         )
 
 
