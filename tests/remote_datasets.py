@@ -132,3 +132,25 @@ class Hungry(Augmented):
 def waits_for(event: Any) -> None:
     """Waits until ``event`` is set (at most 10 s): a frame to look at."""
     event.wait(10)  # the line a stack of this frame shows
+
+
+class WaitsForTheAdded(Augmented):
+    """Worker 0 loads ``alone`` samples, then waits (at most 120 s) until worker 1, added
+    by the scaling rule, has loaded one (``marker``, a file it creates): the epoch cannot
+    run out before the added actor joins, however long Ray takes to place it."""
+
+    def __init__(self, n: int, marker: str, alone: int, sleep_s: float) -> None:
+        super().__init__(n, sleep_s)
+        self.marker, self.alone, self.loaded = marker, alone, 0
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 1:
+            Path(self.marker).touch()
+        else:
+            self.loaded += 1
+            deadline = time.monotonic() + 120
+            while (self.loaded > self.alone and not os.path.exists(self.marker)
+                   and time.monotonic() < deadline):  # fmt: skip
+                time.sleep(0.05)
+        return super().__getitem__(i)

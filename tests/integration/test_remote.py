@@ -39,6 +39,7 @@ from tests.remote_datasets import (
     Faulty,
     Hungry,
     Sharded,
+    WaitsForTheAdded,
     WithResource,
     collated_where,
     hang_once_in_init,
@@ -736,15 +737,15 @@ class Scripted:
 
 
 def test_a_range_grows_and_shrinks_on_the_rules_decisions_and_keeps_torchs_order(
-    cluster: Ray, monkeypatch: Any,
+    cluster: Ray, monkeypatch: Any, tmp_path: Path,
 ) -> None:  # fmt: skip
     """What the pool does on a decision, against real Ray: start an actor for a parked id,
     let it join dispatch once ready, park the highest id and stop its actor once drained.
     When to decide is the rule's, unit-tested on an injected clock with injected figures
     (tests/unit/test_remote_scaling.py); here the rule is scripted and its clock ticks a
-    whole window per batch, so no decision depends on this machine's speed. One margin
-    remains: the added actor must start before the epoch runs out, and one actor alone
-    loads for 20 s (an actor starts in 3-7 s on the 2-core CI machine, under load too)."""
+    whole window per batch, so no decision depends on this machine's speed; and the first
+    actor waits, after 40 samples, until the added one has loaded a sample, so the epoch
+    cannot run out before it joins (Ray took over 15 s to place it beside a CPU hog)."""
     from steadyload.engine.remote import scaling as rule
     from steadyload.iterators import scaling, workers
 
@@ -752,7 +753,7 @@ def test_a_range_grows_and_shrinks_on_the_rules_decisions_and_keeps_torchs_order
     monkeypatch.setattr(rule, "StallScaler", Scripted)
     monkeypatch.setattr(workers, "RemoteScaling", functools.partial(
         scaling.RemoteScaling, clock=lambda: float(next(ticks))))  # fmt: skip
-    ds = Augmented(200, sleep_s=0.1)  # 100 batches: time for an actor to start
+    ds = WaitsForTheAdded(200, str(tmp_path / "added"), alone=40, sleep_s=0.1)
     want = [b for b in torch.utils.data.DataLoader(range(200), batch_size=2, shuffle=True,
                                                    generator=_gen())]  # fmt: skip
     loader = sl.DataLoader(ds, batch_size=2, shuffle=True, generator=_gen(),
