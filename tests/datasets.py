@@ -355,6 +355,23 @@ class ReadAhead(IterableDataset[Any]):
         producer.join(timeout=30)
 
 
+class EndsUnevenly(IterableDataset[Any]):
+    """Worker 0's stream holds 0 and 2; worker 1's holds 1, then 3 after ``slow_s``: the
+    loader awaits 3 long after worker 0's stream ended."""
+
+    def __init__(self, slow_s: float) -> None:
+        self.slow_s = slow_s
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        if info is None or info.id == 0:
+            yield from (0, 2)
+            return
+        yield 1
+        time.sleep(self.slow_s)
+        yield 3
+
+
 class DrawsFromItsWorker(Dataset[Any]):
     """The documented way to draw in any worker: the worker's own generators, or the
     process-wide ones where there is no worker (``num_workers=0``)."""

@@ -27,6 +27,7 @@ class TaskEntry:
     ordinal: int  # batch number in the epoch (checkpoint.py)
     outcome: Any = None
     has_outcome: bool = False
+    answered: bool = False  # an outcome came, or its worker's stream ended at it: none will
     failed: bool = False
     stream_state: bytes | None = None  # a stateful stream's state after this batch
     events: list[str] | None = None  # what touched it before it was yielded (a re-run)
@@ -90,18 +91,19 @@ class TaskTable:
         return sum(1 for t in self._tasks.values() if t.has_outcome)
 
     def held_by(self, worker_id: int) -> list[tuple[int, TaskEntry]]:
-        """The tasks ``worker_id`` holds (no outcome yet), oldest first."""
+        """The tasks ``worker_id`` holds (not answered yet), oldest first."""
         return sorted(
             (tid, t)
             for tid, t in self._tasks.items()
-            if t.worker_id == worker_id and not t.has_outcome
+            if t.worker_id == worker_id and not t.answered
         )
 
     def oldest_awaited(self) -> dict[int, int]:
-        """worker id -> the oldest task it holds whose outcome has not arrived."""
+        """worker id -> the oldest task it holds that was not answered (a task its worker's
+        stream ended at has no outcome, and none is awaited)."""
         awaited: dict[int, int] = {}
         for tid, task in self._tasks.items():
-            if not task.has_outcome:
+            if not task.answered:
                 awaited[task.worker_id] = min(awaited.get(task.worker_id, tid), tid)
         return awaited
 
@@ -110,7 +112,7 @@ class TaskTable:
         """Begin epoch ``epoch``: tasks still in flight become stale; counters start afresh."""
         self._epoch = epoch
         self._stale.update(
-            {tid: t.worker_id for tid, t in self._tasks.items() if not t.has_outcome}
+            {tid: t.worker_id for tid, t in self._tasks.items() if not t.answered}
         )
         self._tasks = {}
         self._rcvd = self._next_id
@@ -151,8 +153,9 @@ class TaskTable:
             del self._stale[task_id]
             return None
         task = self._tasks.get(task_id)
-        if task is None or task.has_outcome:
+        if task is None or task.answered:
             return None
+        task.answered = True
         self._outstanding -= 1
         if stream_state is not None:
             task.stream_state = stream_state

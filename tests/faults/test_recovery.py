@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import steadyload as sl
+from steadyload.iterators import hangs
 from steadyload.start.context import zygote_pid
-from tests.datasets import FaultOnce, IterDS, JsonLines, Leaky, OpensFiles, Slow
+from tests.datasets import EndsUnevenly, FaultOnce, IterDS, JsonLines, Leaky, OpensFiles, Slow
 
 
 def _reference(n: int, batch_size: int, **kwargs: Any) -> list[list[int]]:
@@ -157,6 +158,18 @@ def test_iterable_dataset_death_is_diagnosed_not_replayed() -> None:
     with pytest.raises(sl.WorkerDiedError, match=r"an IterableDataset's stream cannot be replayed"):
         for _ in it:
             pass
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_a_stream_that_ended_beside_a_slow_one_is_not_taken_for_a_lost_message(
+    worker_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The lost-message check ran while the loader awaited worker 1's slow item, and took the
+    # task worker 0's stream ended at (no outcome, by design) for a batch lost on its way.
+    monkeypatch.setattr(hangs, "LOST_CHECK_S", 0.1)
+    ds = EndsUnevenly(slow_s=1.5)
+    loader = sl.DataLoader(ds, batch_size=None, num_workers=2, worker_type=worker_type)
+    assert [int(x) for x in loader] == [0, 1, 2, 3]
 
 
 def test_hang_is_dumped_killed_and_retried_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -82,6 +82,18 @@ def test_a_stream_that_ended_settles_without_an_outcome() -> None:
     assert task is not None and not task.has_outcome and table.outstanding == 0
 
 
+def test_a_task_its_workers_stream_ended_at_is_neither_awaited_nor_held() -> None:
+    # Nothing more comes for it: the lost-message check must not wait for it, and a death of
+    # its worker must not send it again (a restarted stream would answer with data).
+    table = TaskTable(2)
+    a, b, c = table.add(1, [0], 0), table.add(0, [1], 1), table.add(0, [2], 2)
+    table.end_stream(0, b)
+    assert table.oldest_awaited() == {1: a, 0: c} and table.held_by(0) == [(c, table.get(c))]
+    assert table.settle(b, "late") is None and table.outstanding == 2  # answered once
+    table.end_stream(0, c)
+    assert table.held_by(0) == [] and table.oldest_awaited() == {1: a}
+
+
 class _Pool:
     """The two calls of a pool the watchdog uses to find a hang, and what it killed."""
 
