@@ -135,9 +135,10 @@ def waits_for(event: Any) -> None:
 
 
 class WaitsForTheAdded(Augmented):
-    """Worker 0 loads ``alone`` samples, then waits (at most 120 s) until worker 1, added
-    by the scaling rule, has loaded one (``marker``, a file it creates): the epoch cannot
-    run out before the added actor joins, however long Ray takes to place it."""
+    """Worker 0 loads ``alone`` samples, then slows down (up to 1 s a sample) until worker
+    1, added by the scaling rule, has loaded one (``marker``, a file it creates): the epoch
+    cannot run out before the added actor joins, however long (up to minutes) Ray takes to
+    place it. It never stops: an actor that is ready joins dispatch when a batch is taken."""
 
     def __init__(self, n: int, marker: str, alone: int, sleep_s: float) -> None:
         super().__init__(n, sleep_s)
@@ -149,7 +150,7 @@ class WaitsForTheAdded(Augmented):
             Path(self.marker).touch()
         else:
             self.loaded += 1
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 1.0
             while (self.loaded > self.alone and not os.path.exists(self.marker)
                    and time.monotonic() < deadline):  # fmt: skip
                 time.sleep(0.05)

@@ -744,8 +744,9 @@ def test_a_range_grows_and_shrinks_on_the_rules_decisions_and_keeps_torchs_order
     When to decide is the rule's, unit-tested on an injected clock with injected figures
     (tests/unit/test_remote_scaling.py); here the rule is scripted and its clock ticks a
     whole window per batch, so no decision depends on this machine's speed; and the first
-    actor waits, after 40 samples, until the added one has loaded a sample, so the epoch
-    cannot run out before it joins (Ray took over 15 s to place it beside a CPU hog)."""
+    actor slows down after 40 samples until the added one has loaded a sample, so the epoch
+    cannot run out before it joins (Ray took over 15 s to place it beside a CPU hog). It
+    must not stop: the added actor joins dispatch when a batch is taken."""
     from steadyload.engine.remote import scaling as rule
     from steadyload.iterators import scaling, workers
 
