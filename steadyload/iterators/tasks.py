@@ -27,7 +27,7 @@ class TaskEntry:
     ordinal: int  # batch number in the epoch (checkpoint.py)
     outcome: Any = None
     has_outcome: bool = False
-    answered: bool = False  # an outcome came, or its worker's stream ended at it: none will
+    answered: bool = False  # its outcome came, or its worker's stream ended at it (none will)
     failed: bool = False
     stream_state: bytes | None = None  # a stateful stream's state after this batch
     events: list[str] | None = None  # what touched it before it was yielded (a re-run)
