@@ -743,10 +743,9 @@ def test_a_range_grows_and_shrinks_on_the_rules_decisions_and_keeps_torchs_order
     let it join dispatch once ready, park the highest id and stop its actor once drained.
     When to decide is the rule's, unit-tested on an injected clock with injected figures
     (tests/unit/test_remote_scaling.py); here the rule is scripted and its clock ticks a
-    whole window per batch, so no decision depends on this machine's speed; and the first
-    actor slows down after 40 samples until the added one has loaded a sample, so the epoch
-    cannot run out before it joins (Ray took over 15 s to place it beside a CPU hog). It
-    must not stop: the added actor joins dispatch when a batch is taken."""
+    whole window per batch, so no decision depends on this machine's speed; nor does the
+    epoch run out before the added actor joins, however long Ray takes to place it
+    (`WaitsForTheAdded`)."""
     from steadyload.engine.remote import scaling as rule
     from steadyload.iterators import scaling, workers
 
