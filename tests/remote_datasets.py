@@ -135,23 +135,39 @@ def waits_for(event: Any) -> None:
 
 
 class WaitsForTheAdded(Augmented):
-    """Worker 0 loads ``alone`` samples, then slows down (up to 1 s a sample) until worker
-    1, added by the scaling rule, has loaded one (``marker``, a file it creates): the epoch
-    cannot run out before the added actor joins, however long (up to minutes) Ray takes to
-    place it. It never stops: an actor that is ready joins dispatch when a batch is taken."""
+    """Worker 0 loads ``alone`` samples, then stops until worker 1, added by the scaling
+    rule, has loaded one (``folder``/added): the epoch cannot run out before the added
+    actor joins. The stop lasts at most 60 s (then ``folder``/gave_up): with
+    `held_until_stopped`, worker 1 says `Ready` while the loop waits for a batch worker 0
+    holds, so only an actor that joins when it is ready ends the stop early."""
 
-    def __init__(self, n: int, marker: str, alone: int, sleep_s: float) -> None:
+    def __init__(self, n: int, folder: str, alone: int, sleep_s: float) -> None:
         super().__init__(n, sleep_s)
-        self.marker, self.alone, self.loaded = marker, alone, 0
+        self.folder, self.alone, self.loaded = Path(folder), alone, 0
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         info = torch.utils.data.get_worker_info()
+        added = self.folder / "added"
         if info is not None and info.id == 1:
-            Path(self.marker).touch()
+            added.touch()
         else:
             self.loaded += 1
-            deadline = time.monotonic() + 1.0
-            while (self.loaded > self.alone and not os.path.exists(self.marker)
-                   and time.monotonic() < deadline):  # fmt: skip
-                time.sleep(0.05)
+            if self.loaded > self.alone and not added.exists():
+                (self.folder / "stopped").touch()
+                deadline = time.monotonic() + 60
+                while not added.exists():
+                    if time.monotonic() > deadline:
+                        (self.folder / "gave_up").touch()
+                        break
+                    time.sleep(0.05)
         return super().__getitem__(i)
+
+
+def held_until_stopped(folder: str, worker_id: int) -> None:
+    """A worker_init_fn: worker 1's set-up ends (at most 60 s) once worker 0 of
+    `WaitsForTheAdded` has stopped."""
+    deadline = time.monotonic() + 60
+    while worker_id == 1 and not os.path.exists(os.path.join(folder, "stopped")):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)

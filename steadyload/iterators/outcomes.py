@@ -1,10 +1,11 @@
 """What each event from a pool does to the multi-worker iterator's task table.
 
-`Outcomes` is a collaborator of `WorkerIterator`, handed the task table, the run record
-and `Recovery`; the pool is passed to each call. Events are dispatched by `match`: a batch,
-an error, an empty batch, an exhausted stream, a retirement, a start failure, a death
-(handed to `Recovery`), the fork server's death, auto's choice, or a batch that could not
-be received here (`limits.shared_memory_exhausted`).
+`Outcomes` is a collaborator of `WorkerIterator`, handed the task table, the run record,
+`Recovery` and the remote pool's `RemoteScaling` (if it scales); the pool is passed to each
+call. Events are dispatched by `match`: a batch, an error, an empty batch, an exhausted
+stream, a retirement, a start failure, a death (handed to `Recovery`), the fork server's
+death, auto's choice, or a batch that could not be received here
+(`limits.shared_memory_exhausted`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..report import SkippedSample, WorkerReport, summarize_modules
 from .common import EmptyBatches, SkipGuard, record_cut
 from .record import RunRecord
 from .recovery import Recovery
+from .scaling import RemoteScaling
 from .tasks import EMPTY, TaskTable
 from .worker_errors import rebuild_exception
 
@@ -44,6 +46,7 @@ class Outcomes:
         stream_state: dict[int, bytes],
         ended: dict[int, bytes | None],
         in_flight: tuple[int, int],
+        scaling: RemoteScaling | None,
     ) -> None:
         self._table = table
         self._record = record
@@ -54,10 +57,12 @@ class Outcomes:
         self._ended = ended  # the iterator's: worker -> its stream's position at its end
         self._in_flight = in_flight  # (prefetch_factor, num_workers): the in-flight check
         self._checked_in_flight = False
+        self._scaling = scaling
 
-    def on_event(self, pool: WorkerPool, worker_id: int, event: Any) -> bool:
-        """Apply one event of ``pool`` (``worker_id`` -1: pool-wide). True when a worker's
-        stream ended: the caller dispatches anew (the window has room again).
+    def on_event(self, pool: WorkerPool, worker_id: int, event: Any) -> int:
+        """Apply one event of ``pool`` (``worker_id`` -1: pool-wide). Returns how many
+        tasks the caller dispatches anew: one when a worker's stream ended (the window has
+        room again), a joined worker's share when a started remote actor is ready.
 
         Holds no reference to the iterator (no callback), so that an iterator dropped after
         an error is freed by refcounting at once, and its workers with it."""
@@ -70,7 +75,7 @@ class Outcomes:
                     done.task_id, batch, stream_state=done.stream_state, span=done.span
                 )
                 if task is None:
-                    return False
+                    return 0
                 if done.stream_state is not None:
                     self._stream_state[worker_id] = done.stream_state
                 record.loaded(worker_id, done.samples, done.load_s)
@@ -98,9 +103,11 @@ class Outcomes:
                     record_cut(record, event.cut)
                 if table.end_stream(worker_id, event.task_id):
                     self._ended.setdefault(worker_id, event.position)  # the first: the end
-                    return True
+                    return 1
             case Ready():
                 self._on_ready(pool, worker_id, event)
+                if self._scaling is not None:
+                    return self._scaling.on_ready(pool) * self._in_flight[0]
             case Died():
                 self._recovery.on_died(pool, event)
             case Retire():
@@ -135,7 +142,7 @@ class Outcomes:
                     f"[steadyload internal error] unexpected message {event!r} from worker "
                     f"{worker_id}; please report with the output of `steadyload doctor`"
                 )
-        return False
+        return 0
 
     def _record_skips(self, skipped: tuple[SkippedSample, ...]) -> None:
         self._guard.record(self._record, skipped)

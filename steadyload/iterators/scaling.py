@@ -3,11 +3,11 @@
 `RemoteScaling` feeds the training loop's figures to the stall rule
 (engine/remote/scaling.py) once per window and applies its decisions to the remote pool. A
 worker id without a running actor is *parked*: dispatch passes it by (torch's round-robin
-over the others), so the batches and their order are unchanged; only who loads them
-changes. Growing starts an actor for the lowest parked id, which joins dispatch once it
-says `Ready` (a pending actor, what Ray's autoscaler sees as demand for a node, never holds
-a batch back); shrinking parks the highest live id and stops its actor once every task it
-holds was yielded (nothing is lost or loaded twice).
+over the others), so the batches and their order are unchanged; only who loads them changes.
+Growing starts an actor for the lowest parked id, which joins dispatch when it says `Ready`,
+even while the loop waits for a batch (a pending actor, what Ray's autoscaler sees as demand
+for a node, never holds a batch back); shrinking parks the highest live id and stops its
+actor once every task it holds was yielded (nothing is lost or loaded twice).
 """
 
 from __future__ import annotations
@@ -77,6 +77,12 @@ class RemoteScaling:
         """Remote workers taking tasks now."""
         return self._spec.maximum - len(self.parked)
 
+    def on_ready(self, pool: Any) -> int:
+        """An actor said `Ready`: a started one joins dispatch now, not when the batch the
+        loop waits for comes (a stalled worker may hold it until help arrives). Returns how
+        many joined (the caller sends them their share of the window)."""
+        return len(self._join(pool.remote))
+
     def after_batch(self, pool: Any) -> int:
         """A batch was taken: stop drained actors, let started ones join; once per window,
         apply the rule. Returns how many workers joined dispatch (the caller sends them
@@ -93,15 +99,19 @@ class RemoteScaling:
             )
             return 0
 
-    def _step(self, remote: Any) -> int:
-        for w in [w for w in self._draining if self._table.load(w) == 0]:
-            self._draining.discard(w)
-            remote.retire(w)
+    def _join(self, remote: Any) -> list[int]:
         joined = [w for w in self._starting if remote.ready(w)]
         for w in joined:
             self._starting.discard(w)
             self.parked.discard(w)
             self._scaler.joined()
+        return joined
+
+    def _step(self, remote: Any) -> int:
+        for w in [w for w in self._draining if self._table.load(w) == 0]:
+            self._draining.discard(w)
+            remote.retire(w)
+        joined = self._join(remote)
         now = self._clock()
         if now < self._next_look:
             return len(joined)

@@ -130,6 +130,7 @@ class WorkerIterator(WorkerFeeding, _BaseDataLoaderIter):
             stream_state=self._stream_state,
             ended=self._ended,
             in_flight=(self._prefetch_factor, self._num_workers),
+            scaling=self._scaling,
         )
         self._awaiting: tuple[int, float] | None = None  # (task id, torch's timeout deadline)
         self._stash: tuple[Any, TaskEntry] | None = None  # a batch held back by Ctrl-C
@@ -366,7 +367,7 @@ class WorkerIterator(WorkerFeeding, _BaseDataLoaderIter):
         assert pool is not None
         events = self._wait(pool, awaited) if block else pool.wait(0)
         for worker_id, event in events:
-            if self._outcomes.on_event(pool, worker_id, event):
+            for _ in range(self._outcomes.on_event(pool, worker_id, event)):
                 self._try_put_index()
         return bool(events)
 

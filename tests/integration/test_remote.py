@@ -43,6 +43,7 @@ from tests.remote_datasets import (
     WithResource,
     collated_where,
     hang_once_in_init,
+    held_until_stopped,
     unsendable,
 )
 
@@ -743,9 +744,10 @@ def test_a_range_grows_and_shrinks_on_the_rules_decisions_and_keeps_torchs_order
     let it join dispatch once ready, park the highest id and stop its actor once drained.
     When to decide is the rule's, unit-tested on an injected clock with injected figures
     (tests/unit/test_remote_scaling.py); here the rule is scripted and its clock ticks a
-    whole window per batch, so no decision depends on this machine's speed; nor does the
-    epoch run out before the added actor joins, however long Ray takes to place it
-    (`WaitsForTheAdded`)."""
+    whole window per batch, so no decision depends on this machine's speed. The added
+    actor says `Ready` only once worker 0 has stopped, holding the batch the loop waits for
+    until the added actor loads one (`WaitsForTheAdded`): it must join when it is ready,
+    not when a batch is taken."""
     from steadyload.engine.remote import scaling as rule
     from steadyload.iterators import scaling, workers
 
@@ -753,13 +755,15 @@ def test_a_range_grows_and_shrinks_on_the_rules_decisions_and_keeps_torchs_order
     monkeypatch.setattr(rule, "StallScaler", Scripted)
     monkeypatch.setattr(workers, "RemoteScaling", functools.partial(
         scaling.RemoteScaling, clock=lambda: float(next(ticks))))  # fmt: skip
-    ds = WaitsForTheAdded(200, str(tmp_path / "added"), alone=40, sleep_s=0.1)
+    ds = WaitsForTheAdded(200, str(tmp_path), alone=40, sleep_s=0.1)
     want = [b for b in torch.utils.data.DataLoader(range(200), batch_size=2, shuffle=True,
                                                    generator=_gen())]  # fmt: skip
+    init = functools.partial(held_until_stopped, str(tmp_path))
     loader = sl.DataLoader(ds, batch_size=2, shuffle=True, generator=_gen(),
-                           remote_workers=(1, 2))  # fmt: skip
+                           remote_workers=(1, 2), worker_init_fn=init)  # fmt: skip
     got = list(loader)
     assert [b[0].tolist() for b in got] == [b.tolist() for b in want]  # torch's order, each once
+    assert (tmp_path / "stopped").exists() and not (tmp_path / "gave_up").exists()
     report = loader.report()
     assert [(d.change, d.workers, d.reason) for d in report.scaling] == [
         (1, 2, "scripted growth"), (-1, 1, "scripted shrink")], report.scaling

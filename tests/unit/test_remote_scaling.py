@@ -148,3 +148,23 @@ def test_remote_scaling_waits_for_an_added_actor_then_shrinks_when_batches_pile_
             loop.table.yielded(tid)
     loop.at(13.6, wait_s=9.0, batches=33)
     assert loop.remote.retired == [2]  # drained: its actor stops, nothing lost
+
+
+def test_a_started_actor_joins_when_it_says_ready_not_when_the_next_batch_is_taken() -> None:
+    # The loop may be waiting for a batch a stalled worker holds: the help joins at once.
+    loop = Loop()
+    loop.at(0.0, wait_s=0.0, batches=0)
+    loop.at(2.0, wait_s=1.0, batches=10)
+    assert loop.remote.started == [2] and loop.scaling.on_ready(loop.pool) == 0  # not yet
+    loop.remote.ready_ids.add(2)
+    assert loop.scaling.on_ready(loop.pool) == 1  # during the wait: no batch was taken
+    assert loop.scaling.parked == set() and loop.scaling.live() == 2
+    assert loop.scaling.on_ready(loop.pool) == 0  # (joins once)
+    assert loop.at(2.1, wait_s=1.1, batches=11) == 0 and loop.changes() == [1]
+
+
+def test_only_an_actor_the_rule_started_joins_when_one_says_ready() -> None:
+    # A Ready from any other actor (a replacement after a death) leaves the parked ids be.
+    loop = Loop()
+    loop.remote.ready_ids.update({1, 2})
+    assert loop.scaling.on_ready(loop.pool) == 0 and loop.scaling.parked == {2}
