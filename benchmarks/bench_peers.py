@@ -15,7 +15,11 @@ Workloads (2 workers everywhere; batch sizes per shape below):
   big     3x224x224 float32 per sample, batch 32: 19 MB batches, no compute (transport)
 Loaders: torch (fork, forkserver), steadyload (process, thread, auto), torchdata.nodes
 (thread, process ParallelMapper), SPDL (thread pipeline), Grain (DataLoader processes,
-IterDataset threads).
+IterDataset threads). Each holds at most 4 batches in flight (loading, or loaded and not yet
+taken) where it has such a setting: torch's default for 2 workers (prefetch_factor 2),
+torchdata.nodes' mapper alone (2 x num_workers; a Prefetcher on top doubled it, and on JPEG
+decode that depth alone was worth about a tenth), SPDL's 2 threads and a buffer of 2,
+Grain's threads a prefetch buffer of 4.
 
 Every run is a fresh process, in either shape: time to the first batch ("first": loader
 built to batch in hand; the imports and one garbage collection are done before), peak PSS
@@ -93,6 +97,7 @@ SHORT_WORKLOADS = {  # name: (batch size, batches, quick batches): a short first
     "big": (32, 60, 8),
 }
 SHAPES = {"short": SHORT_WORKLOADS, "steady": WORKLOADS}
+HARNESS_THREADS = "BENCH_PEERS_HARNESS_THREADS"  # --harness-threads, for the children
 
 # The environment (benchmarks/peers_env.py): before torch is imported, python3 alone may
 # not have it.
@@ -263,7 +268,7 @@ def make_loader(kind: str, ds: Any, size: int) -> tuple[Any, Any]:
         node = tn.ParallelMapper(
             node, map_fn=FetchBatch(ds), num_workers=2, method=kind[4:], in_order=True
         )
-        return None, iter(tn.Loader(tn.Prefetcher(node, prefetch_factor=4)))
+        return None, iter(tn.Loader(node))  # its mapper holds 2 x num_workers: 4 (see above)
     if kind == "spdl-thread":
         from spdl.dataloader import DataLoader as SpdlLoader
 
@@ -272,7 +277,7 @@ def make_loader(kind: str, ds: Any, size: int) -> tuple[Any, Any]:
                 batches,
                 preprocessor=FetchBatch(ds),
                 num_threads=2,
-                buffer_size=4,
+                buffer_size=2,  # beside its 2 threads' batches: 4 (see above)
                 output_order="input",
             )
         )
@@ -314,6 +319,11 @@ def _import_for(kind: str) -> None:
 
 
 def child(workload: str, kind: str, batches: int, shape: str) -> dict[str, Any]:
+    # The harness's own ops (each batch's checksum, the "training step") on one intra-op
+    # thread for every loader: torchdata.nodes' thread workers set torch's process-wide
+    # count to 1 (its threads' torch.set_num_threads(1)), which made this thread's sums
+    # several times faster beside busy workers for it alone (see --harness-threads).
+    torch.set_num_threads(int(os.environ.get(HARNESS_THREADS, "1")) or torch.get_num_threads())
     size = SHAPES[shape][workload][0]
     ds = dataset(workload, size * batches)
     if kind == "reference":
@@ -395,6 +405,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--loaders", default=",".join(LOADERS))
+    parser.add_argument(
+        "--harness-threads", type=int, default=1,
+        help="torch intra-op threads for the harness's checksums (0: torch's default)",
+    )  # fmt: skip
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -402,6 +416,7 @@ def main() -> None:
         print(json.dumps(child(workload, kind, int(batches), shape)))
         return
     workloads, loaders = args.workloads.split(","), args.loaders.split(",")
+    os.environ[HARNESS_THREADS] = str(args.harness_threads)
     shapes = ["short", "steady"] if args.shape == "both" else [args.shape]
     close_reps = max(args.reps, args.close_reps or args.reps)
     results: dict[str, Any] = {}
@@ -420,7 +435,15 @@ def main() -> None:
     if args.json:
         from bench_json import write_json
 
-        write_json(args.json, {"reps": args.reps, "close_reps": close_reps, **results})
+        write_json(
+            args.json,
+            {
+                "reps": args.reps,
+                "close_reps": close_reps,
+                "harness_threads": args.harness_threads,
+                **results,
+            },
+        )
 
 
 def _batches(shape: str, workload: str, args: argparse.Namespace) -> int:

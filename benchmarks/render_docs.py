@@ -182,12 +182,27 @@ def peers(data: dict[str, Any]) -> Section:
             "loader's batches are checked against torch's in-process batches; ‡ marks a loader",
             "whose batches differ (not like for like).",
             "",
+            *_peers_reps(data),
             *_provenance(data),
             *_peers_short(data),
             *_notes(data),
         ], []
     lines, plots = _peers_steady(data)
     return [*lines, *_peers_short(data), *_notes(data)], plots
+
+
+def _peers_reps(data: dict[str, Any]) -> list[str]:
+    """How many repetitions the medians are of (``--close-reps``: more near a line)."""
+    reps, close = data["reps"], data.get("close_reps", data["reps"])
+    if close <= reps:
+        return [f"Medians of {reps} repetitions.", ""]
+    return [
+        f"Medians of {reps} repetitions, and of {close} for the loaders near a line the tables",
+        "judge (one run moves by a quarter or more here): steadyload's three, torch with fork in",
+        "the short epoch (the first-batch reference) and every peer with the same batches",
+        "within a fifth of steadyload's better fixed kind after the first repetitions.",
+        "",
+    ]
 
 
 def _peers_steady(data: dict[str, Any]) -> Section:
@@ -240,6 +255,7 @@ def _peers_steady(data: dict[str, Any]) -> Section:
         "in-process batches; ‡ marks a loader whose batches differ (not like for like). Ratios",
         "are against torch with fork.",
         "",
+        *_peers_reps(data),
         *_provenance(data),
         f"![samples/s per workload and loader]({PLOTS}/{png})",
         "",
