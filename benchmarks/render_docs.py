@@ -505,7 +505,7 @@ def recovery(data: dict[str, Any]) -> Section:
 MEMORY_NAMES = {
     "fork": "(i) torch + list, fork",
     "forkserver": "(ii) torch + list, forkserver",
-    "steadyload": "(iii) steadyload + SharedList (forkserver, the default)",
+    "steadyload": "(iii) steadyload + SharedList (the default start: the zygote here)",
     "zygote": '(iv) steadyload + SharedList, `start_method="zygote"`',
 }
 
