@@ -137,7 +137,7 @@ def waits_for(event: Any) -> None:
 class WaitsForTheAdded(Augmented):
     """Worker 0 loads ``alone`` samples, then stops until worker 1, added by the scaling
     rule, has loaded one (``folder``/added): the epoch cannot run out before the added
-    actor joins. The stop lasts at most 60 s (then ``folder``/gave_up): with
+    actor joins. The stop lasts at most 120 s (then ``folder``/gave_up): with
     `held_until_stopped`, worker 1 says `Ready` while the loop waits for a batch worker 0
     holds, so only an actor that joins when it is ready ends the stop early."""
 
@@ -154,7 +154,7 @@ class WaitsForTheAdded(Augmented):
             self.loaded += 1
             if self.loaded > self.alone and not added.exists():
                 (self.folder / "stopped").touch()
-                deadline = time.monotonic() + 60
+                deadline = time.monotonic() + 120
                 while not added.exists():
                     if time.monotonic() > deadline:
                         (self.folder / "gave_up").touch()
@@ -164,9 +164,9 @@ class WaitsForTheAdded(Augmented):
 
 
 def held_until_stopped(folder: str, worker_id: int) -> None:
-    """A worker_init_fn: worker 1's set-up ends (at most 60 s) once worker 0 of
+    """A worker_init_fn: worker 1's set-up ends (at most 120 s) once worker 0 of
     `WaitsForTheAdded` has stopped."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while worker_id == 1 and not os.path.exists(os.path.join(folder, "stopped")):
         if time.monotonic() > deadline:
             break
