@@ -17,8 +17,8 @@ Loaders: torch (fork, forkserver), steadyload (process, thread, auto), torchdata
 (thread, process ParallelMapper), SPDL (thread pipeline), Grain (DataLoader processes,
 IterDataset threads). Each holds at most 4 batches in flight (loading, or loaded and not yet
 taken) where it has such a setting: torch's default for 2 workers (prefetch_factor 2),
-torchdata.nodes' mapper alone (2 x num_workers; a Prefetcher on top doubled it, and on JPEG
-decode that depth alone was worth about a tenth), SPDL's 2 threads and a buffer of 2,
+torchdata.nodes' mapper alone (2 x num_workers; a Prefetcher on top would double it: what
+that depth was worth is in docs/benchmarks.md's notes), SPDL's 2 threads and a buffer of 2,
 Grain's threads a prefetch buffer of 4.
 
 Every run is a fresh process, in either shape: time to the first batch ("first": loader
