@@ -323,7 +323,8 @@ def child(workload: str, kind: str, batches: int, shape: str) -> dict[str, Any]:
     # thread for every loader: torchdata.nodes' thread workers set torch's process-wide
     # count to 1 (its threads' torch.set_num_threads(1)), which made this thread's sums
     # several times faster beside busy workers for it alone (see --harness-threads).
-    torch.set_num_threads(int(os.environ.get(HARNESS_THREADS, "1")) or torch.get_num_threads())
+    if threads := int(os.environ.get(HARNESS_THREADS, "1")):  # (0: torch's default)
+        torch.set_num_threads(threads)
     size = SHAPES[shape][workload][0]
     ds = dataset(workload, size * batches)
     if kind == "reference":
@@ -501,15 +502,15 @@ def _close(
     loaders: list[str],
 ) -> list[str]:
     """The loaders near a line the tables judge (the module's docstring says which)."""
-    rates = {k: _median(runs[(workload, k)], "rate") for k in loaders}
-    ours = max((rates[k] or 0.0 for k in ("sl-process", "sl-thread") if k in rates), default=0)
+    rates = {k: _median(runs[(workload, k)], "rate") or 0.0 for k in loaders}
+    ours = max((rates[k] for k in ("sl-process", "sl-thread") if k in rates), default=0.0)
     same = {k: all(r.get("same") for r in runs[(workload, k)]) for k in loaders}
     return [
         k
         for k in loaders
         if k.startswith("sl-")
         or (k == "torch-fork" and shape == "short")
-        or (same[k] and (rates[k] or 0.0) >= 0.8 * ours)
+        or (same[k] and rates[k] >= 0.8 * ours)
     ]
 
 
@@ -527,14 +528,12 @@ def _table(
         print(f"\n{workload}: samples/s (x torch fork), first batch, peak PSS, same batches")
         rows = {}
         for kind in loaders:
-            rate = _median(runs[(workload, kind)], "rate")
-            first = _median(runs[(workload, kind)], "first_s")
-            pss = _median(runs[(workload, kind)], "peak_pss")
-            same = all(r.get("same") for r in runs[(workload, kind)])
-            rows[kind] = {"rate": rate, "first_s": first, "peak_pss": pss, "same": same}
-            rows[kind]["reps"] = len(runs[(workload, kind)])
+            rs = runs[(workload, kind)]
+            rate, first = _median(rs, "rate"), _median(rs, "first_s")
+            pss, same = _median(rs, "peak_pss"), all(r.get("same") for r in rs)
+            rows[kind] = dict(rate=rate, first_s=first, peak_pss=pss, same=same, reps=len(rs))
             if rate is None:
-                print(f"  {kind:16s} failed: {runs[(workload, kind)][0].get('error')}")
+                print(f"  {kind:16s} failed: {rs[0].get('error')}")
                 continue
             ratio = f"{rate / base:5.2f}x" if base else "   - "
             print(

@@ -154,20 +154,23 @@ class WaitsForTheAdded(Augmented):
             self.loaded += 1
             if self.loaded > self.alone and not added.exists():
                 (self.folder / "stopped").touch()
-                deadline = time.monotonic() + 120
-                while not added.exists():
-                    if time.monotonic() > deadline:
-                        (self.folder / "gave_up").touch()
-                        break
-                    time.sleep(0.05)
+                if not _appears(added, 120):
+                    (self.folder / "gave_up").touch()
         return super().__getitem__(i)
 
 
 def held_until_stopped(folder: str, worker_id: int) -> None:
     """A worker_init_fn: worker 1's set-up ends (at most 120 s) once worker 0 of
     `WaitsForTheAdded` has stopped."""
-    deadline = time.monotonic() + 120
-    while worker_id == 1 and not os.path.exists(os.path.join(folder, "stopped")):
+    if worker_id == 1:
+        _appears(Path(folder) / "stopped", 120)
+
+
+def _appears(path: Path, timeout_s: float) -> bool:
+    """Waits until ``path`` exists (at most ``timeout_s``); whether it does."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
         if time.monotonic() > deadline:
-            break
+            return False
         time.sleep(0.05)
+    return True
